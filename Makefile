@@ -1,0 +1,44 @@
+# sglang-ssd: see README.md. Every target installs what it needs first.
+PYTHON ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+STAMP := $(VENV)/.sglang-ssd-installed
+INSTALL_INPUTS := scripts/install.sh scripts/install_placeholders.py scripts/apply_patches.py \
+	$(wildcard requirements/*.txt) pyproject.toml kernels/pyproject.toml \
+	kernels/sgl_kernel_shim/pyproject.toml $(wildcard patches/*.patch)
+# Extra flags for `make serve`, e.g. make serve SERVE_ARGS="--port 30001".
+SERVE_ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: install models serve test test-unit lint bench gpu-check clean
+
+install: $(STAMP)
+
+$(STAMP): $(INSTALL_INPUTS)
+	PYTHON=$(PYTHON) bash scripts/install.sh
+	@touch $@
+
+models: install
+	$(VPY) -m sglang_ssd.models pull all
+
+serve: models
+	$(VPY) -m sglang_ssd.launch_server $(SERVE_ARGS)
+
+lint: install
+	$(VPY) -m ruff check .
+	$(VPY) -m ruff format --check .
+
+test-unit: install
+	$(VPY) -m pytest -m "not integration" $(PYTEST_ARGS)
+
+test: lint models
+	$(VPY) -m pytest $(PYTEST_ARGS)
+
+bench: models
+	$(VPY) -m eval $(BENCH_ARGS)
+
+gpu-check: install
+	$(VPY) scripts/gpu_check.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

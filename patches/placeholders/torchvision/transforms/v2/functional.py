@@ -1,0 +1,3 @@
+from torchvision._missing import module_getattr
+
+__getattr__ = module_getattr("torchvision.transforms.v2.functional")

@@ -1,0 +1,27 @@
+"""SGLang general plugin (`sglang.srt.plugins` entry point `ssd`).
+
+SGLang calls `load()` early in every process it starts (launcher, tokenizer manager, scheduler,
+detokenizer). It must be cheap and idempotent; it imports SGLang lazily so that
+`import sglang_ssd` keeps working with torch alone.
+"""
+
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger(__name__)
+
+_loaded = False
+
+
+def load() -> None:
+    """Entry point: enable SGLang's speculative path on AMX-less CPUs and register `SSD`."""
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    from sglang_ssd.integration.cpu_platform import enable_cpu_speculative_backend
+    from sglang_ssd.integration.registration import register_ssd
+
+    enable_cpu_speculative_backend()
+    register_ssd()
