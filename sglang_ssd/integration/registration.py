@@ -1,7 +1,106 @@
-"""Registers `--speculative-algorithm SSD` with SGLang (placeholder until SSD mode lands)."""
+"""Registers `--speculative-algorithm SSD` with SGLang's speculative-algorithm registry.
+
+The target side of SSD is structurally SGLang's NGRAM worker: drafts come from outside the
+target's model runner (here: the speculator process), the verify forward is a TARGET_VERIFY
+over γ + 1 chain positions, and no draft KV lives in the target's pool. So `SSDSpecAlgo`
+answers `is_ngram()` for the scheduler's plumbing (result relay, verify-input type, KV
+reserve), while its own worker (`sglang_ssd.worker.SSDWorker`) drafts and verifies. It also
+defines the three methods the scheduler calls that `CustomSpecAlgo` lacks in SGLang 0.5.23
+(`carries_draft_hidden_states`, `create_future_map`, `need_topk`).
+"""
 
 from __future__ import annotations
 
+import logging
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sglang.srt.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+ALGORITHM = "SSD"
+
 
 def register_ssd() -> None:
-    """Register the SSD algorithm name with SGLang's speculative registry."""
+    """Register SSD once per process (SGLang loads plugins in every process it starts)."""
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+    from sglang.srt.speculative.spec_registry import CustomSpecAlgo, get_spec
+
+    if get_spec(ALGORITHM) is not None:
+        return
+
+    class SSDSpecAlgo(CustomSpecAlgo):
+        """SGLang's view of SSD (see the module docstring)."""
+
+        def is_ngram(self) -> bool:
+            return True
+
+        def has_draft_kv(self) -> bool:
+            return False
+
+        def carries_draft_hidden_states(self) -> bool:
+            return False
+
+        def need_topk(self) -> bool:
+            return False
+
+        def create_future_map(
+            self,
+            device: Any,
+            req_to_token_pool: Any,
+            needs_cpu_seq_lens: bool = True,
+            needs_confidence_relay: bool = False,
+        ) -> Any:
+            from sglang.srt.managers.overlap_utils import FutureMap
+
+            return FutureMap(
+                device, self, req_to_token_pool, needs_cpu_seq_lens, needs_confidence_relay
+            )
+
+        def handle_server_args(self, server_args: ServerArgs) -> None:
+            handle_ssd_server_args(server_args)
+
+    def _factory(server_args: ServerArgs) -> type:
+        from sglang_ssd.worker import SSDWorker
+
+        return SSDWorker
+
+    SpeculativeAlgorithm.register(
+        ALGORITHM,
+        supports_overlap=False,
+        validate_server_args=validate_ssd_server_args,
+        spec_class=SSDSpecAlgo,
+    )(_factory)
+
+
+def handle_ssd_server_args(server_args: ServerArgs) -> None:
+    """SSD's argument resolution, the parts of SGLang's eagle-family handling that apply
+    (max_running_requests 48 unless given, synchronous scheduling, no mixed chunks) plus the
+    chain shape SSD verifies: top-k 1 and γ + 1 draft tokens.
+
+    SGLang hands plugin algorithms a recorder that declares the fields written here; its own
+    `_handle_eagle_family` declares on the record directly, so it cannot be called from here.
+    """
+    if server_args.max_running_requests is None:
+        server_args.max_running_requests = 48
+    steps = server_args.speculative_num_steps or 4
+    server_args.speculative_num_steps = steps
+    server_args.speculative_eagle_topk = 1
+    server_args.speculative_num_draft_tokens = steps + 1
+    server_args.disable_overlap_schedule = True
+    server_args.enable_mixed_chunk = False
+
+
+def validate_ssd_server_args(server_args: ServerArgs) -> None:
+    """Refuse what SSD cannot serve, with a clear message."""
+    cfg = server_args  # SGLang passes a recorder that reads through the resolving view
+    if cfg.speculative_draft_model_path is None:
+        raise ValueError("--speculative-algorithm SSD needs --speculative-draft-model-path")
+    steps = cfg.speculative_num_steps
+    if steps is not None and steps < 1:
+        raise ValueError(f"--speculative-num-steps must be >= 1 for SSD, got {steps}")
+    if cfg.speculative_eagle_topk not in (None, 1):
+        raise ValueError("SSD drafts a chain: --speculative-eagle-topk must be 1")
+    if cfg.tp_size != 1 or cfg.pp_size != 1 or cfg.dp_size != 1:
+        raise ValueError("SSD supports tp/pp/dp size 1 on the target")

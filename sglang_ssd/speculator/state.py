@@ -1,0 +1,98 @@
+"""Per-request state held by the speculator.
+
+Invariant: `slots[i]` holds the draft model's K/V of `sequence[i]` for i < `num_fed`, where
+`sequence = committed + draft`. After an outcome is applied every committed token except the
+last one (the root, i.e. the newest bonus token) is fed; a cache hit also brings the fed slots
+of the branch's own tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Draft:
+    """The draft the speculator sent for the current round.
+
+    Attributes:
+        tokens: d_1..d_D.
+        q: float32 [D, V], the exact distributions they were sampled from; None for greedy or
+            point-mass (n-gram / random) drafts.
+        candidates: int64 [D + 1, C] or None: per fork point k (rejection of d_{k+1}, k < D;
+            or all accepted, k = D) the draft's most likely bonus tokens, best first, padded
+            with -1. Row D is filled by glue decode.
+        source: "cache", "jit", "ngram" or "random".
+        round_id: the round this draft is for.
+    """
+
+    tokens: list[int]
+    q: torch.Tensor | None
+    candidates: torch.Tensor | None
+    source: str
+    round_id: int
+
+    @property
+    def depth(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass
+class Branches:
+    """The pre-speculated branches of one request for the current round (owned KV slots).
+
+    Row i belongs to outcome (ks[i], bonus[i]); `slots[i]` holds the K/V of [bonus, e_1 ..
+    e_{D-1}]; `candidates[i]` is [D + 1, C] for the next fork.
+    """
+
+    ks: list[int]
+    bonus: list[int]
+    slots: torch.Tensor
+    candidates: torch.Tensor
+
+
+@dataclass
+class RequestState:
+    """What the speculator knows about one request.
+
+    Attributes:
+        rid: request id (SGLang's rid).
+        committed: prompt + generated tokens the target has committed (as reported to us).
+        temperature / top_k / top_p: the request's sampling parameters (the draft uses them too).
+        generator: the draft's own RNG for this request (independent of the target's).
+        slots: int64 [num_fed], KV slots of the fed prefix of `committed + draft.tokens`.
+        draft: the outstanding draft, if any.
+        branches: this round's pre-speculated branches, if built.
+        stats: counters for metrics (hits, misses, backup rounds by kind).
+    """
+
+    rid: str
+    committed: list[int]
+    temperature: float
+    top_k: int
+    top_p: float
+    generator: torch.Generator
+    slots: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.int64))
+    draft: Draft | None = None
+    branches: Branches | None = None
+    round_id: int = 0
+    stats: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def num_fed(self) -> int:
+        return int(self.slots.numel())
+
+    @property
+    def is_greedy(self) -> bool:
+        """SGLang's greedy rule: top_k == 1 or temperature ~ 0 (DESIGN.md §1)."""
+        return self.top_k == 1 or self.temperature < 1e-6
+
+    @property
+    def sequence(self) -> list[int]:
+        """committed + outstanding draft tokens."""
+        return self.committed + (self.draft.tokens if self.draft is not None else [])
+
+    def count(self, key: str, n: int = 1) -> None:
+        self.stats[key] = self.stats.get(key, 0) + n

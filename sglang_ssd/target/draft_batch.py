@@ -1,0 +1,61 @@
+"""Drafts for one decode batch, as the target receives them, and the target-side n-gram source.
+
+Rows may have different draft lengths D_r ≤ γ (a cache hit carries the tree depth D, a backup
+carries γ); `tokens` is padded with -1. Only rows with `has_q` carry q; greedy and point-mass
+rows do not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from sglang_ssd.saguaro import NgramSpeculator
+
+
+@dataclass
+class DraftBatch:
+    """Drafts of B requests for one round.
+
+    Attributes:
+        tokens: int64 [B, Dmax], padded with -1.
+        depth: int64 [B], D_r, the number of valid tokens per row.
+        q: float32 [B, Dmax, V] or None; rows without `has_q` are zeros.
+        has_q: bool [B]; False rows are point masses (n-gram, random) or greedy.
+        sources: per row "cache", "jit", "ngram", "random" or "local-ngram".
+    """
+
+    tokens: torch.Tensor
+    depth: torch.Tensor
+    q: torch.Tensor | None
+    has_q: torch.Tensor
+    sources: list[str]
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.tokens.shape[0])
+
+    def __post_init__(self) -> None:
+        b = self.tokens.shape[0]
+        if self.depth.shape != (b,) or self.has_q.shape != (b,) or len(self.sources) != b:
+            raise ValueError("DraftBatch fields disagree on the batch size")
+        if self.q is not None and self.q.shape[:2] != self.tokens.shape:
+            raise ValueError(f"q {tuple(self.q.shape)} does not match tokens {self.tokens.shape}")
+
+
+def ngram_drafts(
+    ngram: NgramSpeculator, sequences: Sequence[Sequence[int]], depth: int
+) -> DraftBatch:
+    """Point-mass drafts from each request's own tokens (the target's fallback while the
+    speculator is down; DESIGN.md §1)."""
+    tokens = ngram.propose_batch(sequences, depth).to(torch.int64)
+    b = len(sequences)
+    return DraftBatch(
+        tokens=tokens,
+        depth=torch.full((b,), depth, dtype=torch.int64),
+        q=None,
+        has_q=torch.zeros(b, dtype=torch.bool),
+        sources=["local-ngram"] * b,
+    )

@@ -1,0 +1,72 @@
+"""Per-round timers and counters of the SSD target worker.
+
+Times are seconds; aggregated totals feed SGLang's decode log line, the Prometheus metrics and
+the `/ssd/stats` admin endpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RoundTimer:
+    """Running totals over decode rounds.
+
+    Attributes:
+        rounds: decode rounds verified.
+        requests: request-rounds (Σ batch sizes).
+        wait_draft_s: time the target waited for drafts (includes transport).
+        verify_s: time from drafts in hand to the verified result (forward + verify).
+        forward_s: the target's TARGET_VERIFY forward alone.
+        accepted: Σ accepted draft tokens (bonus excluded).
+        sources: request-rounds by draft source (cache, jit, ngram, random, local-ngram).
+    """
+
+    rounds: int = 0
+    requests: int = 0
+    wait_draft_s: float = 0.0
+    verify_s: float = 0.0
+    forward_s: float = 0.0
+    accepted: int = 0
+    sources: Counter = field(default_factory=Counter)
+
+    def record(
+        self,
+        batch_size: int,
+        wait_draft_s: float,
+        verify_s: float,
+        forward_s: float,
+        accept_len: torch.Tensor,
+        sources: list[str],
+    ) -> None:
+        self.rounds += 1
+        self.requests += batch_size
+        self.wait_draft_s += wait_draft_s
+        self.verify_s += verify_s
+        self.forward_s += forward_s
+        self.accepted += int(accept_len.sum())
+        self.sources.update(sources)
+
+    def summary(self) -> dict[str, float]:
+        """Averages per round and rates, for logs and the stats endpoint."""
+        rounds = max(self.rounds, 1)
+        requests = max(self.requests, 1)
+        out = {
+            "rounds": self.rounds,
+            "request_rounds": self.requests,
+            "avg_wait_draft_s": self.wait_draft_s / rounds,
+            "avg_verify_s": self.verify_s / rounds,
+            "avg_forward_s": self.forward_s / rounds,
+            "accept_length": 1.0 + self.accepted / requests,
+            "cache_hit_rate": self.sources.get("cache", 0) / requests,
+        }
+        for source, count in self.sources.items():
+            out[f"source_{source}"] = count
+        return out

@@ -1,0 +1,98 @@
+"""Verify a padded batch of drafts with `sglang_ssd.saguaro.verify` and lay out the result the
+way SGLang's spec-v2 scheduler consumes it.
+
+The target forward always covers W = γ + 1 positions per request ([root, d_1 .. d_γ], padded);
+rows with fewer draft tokens are verified over their own D_r only, in groups of equal D_r (one
+`verify` call per group, vectorised inside).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from sglang_ssd.saguaro import SamplingBatch, verify
+from sglang_ssd.target.draft_batch import DraftBatch
+
+
+@dataclass
+class VerifiedBatch:
+    """Verification outcome in SGLang's chain layout (stride W = γ + 1).
+
+    Attributes:
+        accept_len: int64 [B], k (bonus excluded).
+        bonus: int64 [B], t*.
+        predict: int64 [B * W], row b's emitted tokens at b*W .. b*W + k, zeros elsewhere.
+        accept_index: int64 [B, W], b*W + j for j ≤ k, else -1 (SGLang's accept_index).
+    """
+
+    accept_len: torch.Tensor
+    bonus: torch.Tensor
+    predict: torch.Tensor
+    accept_index: torch.Tensor
+
+    @property
+    def accept_lens_with_bonus(self) -> torch.Tensor:
+        """int32 [B], k + 1: SGLang's accept_lens (tokens committed this round)."""
+        return (self.accept_len + 1).to(torch.int32)
+
+
+def verify_batch(
+    logits: torch.Tensor,
+    drafts: DraftBatch,
+    sampling: SamplingBatch,
+    width: int,
+    generator: torch.Generator | None = None,
+) -> VerifiedBatch:
+    """Run `saguaro.verify` on every row of a verify forward.
+
+    Args:
+        logits: float [B * W, V], the target's logits over [root, d_1 .. d_{W-1}] per row.
+        drafts: the round's drafts, Dmax ≤ W - 1.
+        sampling: the target requests' sampling parameters (p's temperature/top-k/top-p).
+        width: W = γ + 1.
+        generator: the target's RNG for acceptance and bonus sampling.
+
+    Raises:
+        ValueError: on inconsistent shapes.
+    """
+    b = drafts.batch_size
+    vocab = logits.shape[-1]
+    if logits.shape[0] != b * width or drafts.tokens.shape[1] > width - 1:
+        raise ValueError(
+            f"logits [{logits.shape[0]}, V] / drafts {tuple(drafts.tokens.shape)} do not fit W={width}"
+        )
+    logits = logits.view(b, width, vocab)
+    accept_len = torch.zeros(b, dtype=torch.int64)
+    bonus = torch.zeros(b, dtype=torch.int64)
+    depth = drafts.depth.cpu()
+    for d in torch.unique(depth).tolist():
+        rows = (depth == d).nonzero().squeeze(1)
+        q = None
+        if drafts.q is not None and bool(drafts.has_q[rows].any()):
+            q = drafts.q[rows, :d].to(logits.device)
+        result = verify(
+            logits[rows.to(logits.device), : d + 1],
+            drafts.tokens[rows, :d].to(logits.device),
+            q,
+            sampling.select(rows),
+            point_mass=(~drafts.has_q[rows]).to(logits.device),
+            generator=generator,
+        )
+        accept_len[rows] = result.accept_len.cpu()
+        bonus[rows] = result.bonus_token.cpu()
+
+    cols = torch.arange(width).unsqueeze(0)
+    padded = torch.zeros(b, width, dtype=torch.int64)
+    padded[:, : drafts.tokens.shape[1]] = drafts.tokens.clamp(min=0)
+    predict = torch.where(cols < accept_len.unsqueeze(1), padded, 0)
+    predict.scatter_(1, accept_len.unsqueeze(1), bonus.unsqueeze(1))
+    base = torch.arange(b).unsqueeze(1) * width
+    accept_index = torch.where(cols <= accept_len.unsqueeze(1), base + cols, -1)
+    return VerifiedBatch(
+        accept_len=accept_len,
+        bonus=bonus,
+        predict=predict.reshape(-1),
+        accept_index=accept_index,
+    )

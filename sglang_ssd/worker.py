@@ -1,0 +1,238 @@
+"""The target side of SSD inside SGLang's scheduler: `SSDWorker`.
+
+Per decode round (DESIGN.md §1–2): obtain each request's draft from the draft provider (the
+speculator process, or the target's own n-gram drafts while it is down), run one
+TARGET_VERIFY forward of the target over γ + 1 chain positions, verify with
+`sglang_ssd.saguaro.verify` only (never SGLang's EAGLE verify, which is greedy on CPU), and
+hand SGLang's spec-v2 scheduler the accepted tokens; the outcomes go to the speculator with
+the next round's request. Prefill batches run the target as usual.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+from sglang.srt.managers.schedule_batch import ScheduleBatch
+from sglang.srt.managers.tp_worker import TpModelWorker
+from sglang.srt.managers.utils import GenerationBatchResult
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
+from sglang.srt.runtime_context import get_device, get_spec
+from sglang.srt.server_args import ServerArgs
+from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
+from sglang.srt.speculative.ngram_info import NgramVerifyInput
+from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcache
+
+from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
+from sglang_ssd.config import SSDConfig
+from sglang_ssd.saguaro import SamplingBatch
+from sglang_ssd.target.metrics import RoundTimer
+from sglang_ssd.target.provider import DraftProvider, make_provider
+from sglang_ssd.target.verify_step import verify_batch
+
+logger = logging.getLogger(__name__)
+
+
+class SSDVerifyInput(NgramVerifyInput):
+    """SGLang's NGRAM verify input with a chain topology: [root, d_1 .. d_γ] per request.
+
+    `tree_topk == 1` tells attention backends the draft tokens form a chain, so plain causal
+    masking within the verify window is exact (no custom mask needed).
+    """
+
+    @property
+    def tree_topk(self) -> int:
+        return 1
+
+    @property
+    def max_tree_depth(self) -> int:
+        return self.draft_token_num
+
+
+class SSDWorker(BaseSpecWorker):
+    """SGLang spec worker for `--speculative-algorithm SSD` (constructed by the scheduler)."""
+
+    def __init__(
+        self,
+        server_args: ServerArgs,
+        gpu_id: int,
+        nccl_port: int,
+        target_worker: TpModelWorker,
+    ) -> None:
+        super().__init__()
+        self.server_args = server_args
+        self._target_worker = target_worker
+        self.model_runner = target_worker.model_runner
+        self.device = get_device().device
+        spec = get_spec()
+        self.speculative_num_steps = spec.speculative_num_steps
+        self.speculative_num_draft_tokens = spec.speculative_num_draft_tokens
+        self.topk = 1
+        self.width = self.speculative_num_draft_tokens
+        if self.width != self.speculative_num_steps + 1:
+            raise ValueError("SSD needs --speculative-num-draft-tokens = γ + 1")
+        config = SSDConfig.from_env() or SSDConfig(lookahead=self.speculative_num_steps)
+        if config.lookahead != self.speculative_num_steps:
+            config = config.replace(lookahead=self.speculative_num_steps)
+        self.config = config
+        seed = server_args.random_seed if server_args.random_seed is not None else 0
+        self.generator = torch.Generator(device=self.device).manual_seed(seed + 7919)
+        self.provider: DraftProvider = make_provider(
+            config,
+            draft_model_path=spec.speculative_draft_model_path,
+            target_device=str(self.device),
+            vocab_size=self.model_runner.model_config.vocab_size,
+        )
+        self.timer = RoundTimer()
+
+    # ------------------------------------------------------------ SGLang plumbing
+    @property
+    def draft_worker(self) -> None:
+        return None
+
+    def alloc_memory_pool(self, **kwargs: Any) -> None:
+        self.req_to_token_pool, self.token_to_kv_pool_allocator = (
+            self._target_worker.get_memory_pool()
+        )
+
+    def clear_cache_pool(self) -> None:
+        self.provider.reset()
+
+    def note_request_finished(self, *, rid: str, natural_stop: bool) -> None:
+        self.provider.close(rid)
+
+    # ------------------------------------------------------------ forward
+    def forward_batch_generation(
+        self, batch: ScheduleBatch, on_publish: Any = None, **kwargs: Any
+    ) -> GenerationBatchResult:
+        if batch.forward_mode.is_decode():
+            return self._decode(batch, on_publish)
+        return self._extend(batch, on_publish)
+
+    def _extend(self, batch: ScheduleBatch, on_publish: Any) -> GenerationBatchResult:
+        result = self._target_worker.forward_batch_generation(batch)
+        bs = len(batch.reqs)
+        predict = result.next_token_ids
+        accept_tokens = torch.zeros(bs, self.width, dtype=torch.int32, device=self.device)
+        if bs:
+            accept_tokens[:, 0] = predict
+        accept_lens = torch.ones(bs, dtype=torch.int32, device=self.device)
+        new_seq_lens = batch.seq_lens.clone()
+        if on_publish is not None:
+            on_publish(new_seq_lens)
+        return GenerationBatchResult(
+            logits_output=result.logits_output,
+            next_token_ids=predict,
+            can_run_cuda_graph=result.can_run_cuda_graph,
+            accept_lens=accept_lens,
+            new_seq_lens=new_seq_lens,
+            next_draft_input=SSDVerifyInput(
+                draft_token_num=self.width,
+                new_seq_lens=new_seq_lens,
+                accept_tokens=accept_tokens.flatten(),
+                accept_lens=accept_lens,
+            ),
+            speculative_num_draft_tokens=self.width,
+        )
+
+    def _decode(self, batch: ScheduleBatch, on_publish: Any) -> GenerationBatchResult:
+        bs = len(batch.reqs)
+        width = self.width
+        t_start = time.perf_counter()
+        drafts = self.provider.drafts(batch.reqs)
+        t_drafts = time.perf_counter()
+
+        roots = [req.output_ids[-1] if len(req.output_ids) else req.origin_input_ids[-1]
+                 for req in batch.reqs]
+        tokens = torch.zeros(bs, width, dtype=torch.int64)
+        tokens[:, 0] = torch.tensor(roots, dtype=torch.int64)
+        depth_max = drafts.tokens.shape[1]
+        tokens[:, 1 : 1 + depth_max] = drafts.tokens.clamp(min=0)
+        input_ids = tokens.reshape(-1).to(self.device)
+        seq_lens = batch.seq_lens
+        positions = (
+            seq_lens.to(torch.int64).unsqueeze(1)
+            + torch.arange(width, device=seq_lens.device).unsqueeze(0)
+        ).reshape(-1)
+        batch.forward_mode = ForwardMode.TARGET_VERIFY
+        batch.input_ids = input_ids
+        batch.out_cache_loc = assign_extend_cache_locs_func(
+            req_pool_indices=batch.req_pool_indices,
+            req_to_token=batch.req_to_token_pool.req_to_token,
+            start_offset=seq_lens,
+            end_offset=seq_lens + width,
+            batch_size=bs,
+            draft_token_num=width,
+            device=self.device,
+        )
+        batch.spec_info = SSDVerifyInput(
+            draft_token=input_ids,
+            custom_mask=None,
+            positions=positions,
+            draft_token_num=width,
+            new_seq_lens=seq_lens,
+        )
+        result = self._target_worker.forward_batch_generation(batch, is_verify=True)
+        logits_output = result.logits_output
+        t_forward = time.perf_counter()
+
+        verified = verify_batch(
+            logits_output.next_token_logits,
+            drafts,
+            _sampling_of(batch),
+            width,
+            self.generator,
+        )
+        accept_lens = verified.accept_lens_with_bonus.to(self.device)
+        accept_index = verified.accept_index.to(self.device)
+        predict = verified.predict.to(self.device)
+        new_seq_lens = seq_lens + accept_lens
+        move_accept_tokens_to_target_kvcache(
+            batch, accept_index, accept_lens - 1, self.token_to_kv_pool_allocator
+        )
+        if batch.return_logprob:
+            from sglang.srt.layers.logprob_processor import compute_spec_logprobs
+
+            compute_spec_logprobs(batch, logits_output, predict, accept_index=accept_index)
+        if on_publish is not None:
+            on_publish(new_seq_lens)
+        self.provider.record_outcomes(
+            [req.rid for req in batch.reqs], verified.accept_len.tolist(), verified.bonus.tolist()
+        )
+        batch.forward_mode = ForwardMode.DECODE
+        accept_tokens = predict[accept_index].flatten()
+        self.timer.record(
+            batch_size=bs,
+            wait_draft_s=t_drafts - t_start,
+            verify_s=time.perf_counter() - t_drafts,
+            forward_s=t_forward - t_drafts,
+            accept_len=verified.accept_len,
+            sources=drafts.sources,
+        )
+        return GenerationBatchResult(
+            logits_output=logits_output,
+            next_token_ids=accept_tokens,
+            can_run_cuda_graph=False,
+            accept_lens=accept_lens,
+            new_seq_lens=new_seq_lens,
+            next_draft_input=SSDVerifyInput(
+                draft_token_num=width,
+                new_seq_lens=new_seq_lens,
+                accept_tokens=accept_tokens,
+                accept_lens=accept_lens,
+            ),
+            speculative_num_draft_tokens=width,
+        )
+
+
+def _sampling_of(batch: ScheduleBatch) -> SamplingBatch:
+    """The target's p parameters of this batch, as SGLang's sampler applies them."""
+    info = batch.sampling_info
+    return SamplingBatch(
+        temperature=info.temperatures.reshape(-1).float().cpu(),
+        top_k=info.top_ks.reshape(-1).cpu(),
+        top_p=info.top_ps.reshape(-1).float().cpu(),
+        min_p=info.min_ps.reshape(-1).float().cpu() if info.need_min_p_sampling else None,
+    )
