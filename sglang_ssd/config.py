@@ -109,7 +109,9 @@ class SSDConfig:
         if self.fanout_budget < 0:
             raise SSDConfigError(f"--ssd-fanout-budget must be ≥ 0, got {self.fanout_budget}")
         if self.fanout not in FANOUT_SHAPES:
-            raise SSDConfigError(f"--ssd-fanout must be one of {FANOUT_SHAPES}, got {self.fanout!r}")
+            raise SSDConfigError(
+                f"--ssd-fanout must be one of {FANOUT_SHAPES}, got {self.fanout!r}"
+            )
         if not 0.0 < self.beta <= 1.0:
             raise SSDConfigError(f"--ssd-beta must be in (0, 1], got {self.beta}")
         if self.backup not in BACKUPS:
@@ -208,25 +210,69 @@ def add_ssd_args(parser: argparse.ArgumentParser) -> None:
         "SSD / Saguaro (sglang-ssd)",
         "Used with --speculative-algorithm SSD; γ is --speculative-num-steps.",
     )
-    g.add_argument("--ssd-mode", choices=MODES, default=d.mode,
-                   help="async: pre-speculate while the target verifies (SSD); "
-                        "sync: draft only when asked (synchronous SD baseline).")
-    g.add_argument("--ssd-tree-depth", type=int, default=d.tree_depth, metavar="D",
-                   help="Tokens pre-speculated per cache branch, 1..γ (default γ).")
-    g.add_argument("--ssd-fanout-budget", type=int, default=d.fanout_budget, metavar="B",
-                   help="Cached outcomes per request per round, Σ_k F_k.")
-    g.add_argument("--ssd-fanout", choices=FANOUT_SHAPES, default=d.fanout,
-                   help="Spread of the budget over accepted lengths (Theorem 12: geometric).")
-    g.add_argument("--ssd-beta", type=float, default=d.beta,
-                   help="Saguaro sampling β in (0, 1]; 1 = plain draft sampling.")
-    g.add_argument("--ssd-backup", choices=BACKUPS, default=d.backup,
-                   help="Cache-miss fallback; auto switches from jit to a fast backup at b*.")
-    g.add_argument("--ssd-batch-threshold", type=_threshold, default=None, metavar="{N,auto}",
-                   help="b*: batch size from which auto uses the fast backup (default auto).")
-    g.add_argument("--ssd-draft-device", default=d.draft_device, metavar="{cpu,cuda:N}",
-                   help="Speculator device (default: cpu on CPU, next GPU on GPU).")
-    g.add_argument("--ssd-draft-cpus", type=_cpu_list, default=None, metavar="LIST",
-                   help="CPU cores for the speculator on CPU, e.g. 1 or 2-3 (default: last core).")
-    g.add_argument("--ssd-speculator-timeout", type=float, default=d.speculator_timeout,
-                   metavar="SECONDS",
-                   help="Wait this long for the speculator before falling back and restarting it.")
+    g.add_argument(
+        "--ssd-mode",
+        choices=MODES,
+        default=d.mode,
+        help="async: pre-speculate while the target verifies (SSD); "
+        "sync: draft only when asked (synchronous SD baseline).",
+    )
+    g.add_argument(
+        "--ssd-tree-depth",
+        type=int,
+        default=d.tree_depth,
+        metavar="D",
+        help="Tokens pre-speculated per cache branch, 1..γ (default γ).",
+    )
+    g.add_argument(
+        "--ssd-fanout-budget",
+        type=int,
+        default=d.fanout_budget,
+        metavar="B",
+        help="Cached outcomes per request per round, Σ_k F_k.",
+    )
+    g.add_argument(
+        "--ssd-fanout",
+        choices=FANOUT_SHAPES,
+        default=d.fanout,
+        help="Spread of the budget over accepted lengths (Theorem 12: geometric).",
+    )
+    g.add_argument(
+        "--ssd-beta",
+        type=float,
+        default=d.beta,
+        help="Saguaro sampling β in (0, 1]; 1 = plain draft sampling.",
+    )
+    g.add_argument(
+        "--ssd-backup",
+        choices=BACKUPS,
+        default=d.backup,
+        help="Cache-miss fallback; auto switches from jit to a fast backup at b*.",
+    )
+    g.add_argument(
+        "--ssd-batch-threshold",
+        type=_threshold,
+        default=None,
+        metavar="{N,auto}",
+        help="b*: batch size from which auto uses the fast backup (default auto).",
+    )
+    g.add_argument(
+        "--ssd-draft-device",
+        default=d.draft_device,
+        metavar="{cpu,cuda:N}",
+        help="Speculator device (default: cpu on CPU, next GPU on GPU).",
+    )
+    g.add_argument(
+        "--ssd-draft-cpus",
+        type=_cpu_list,
+        default=None,
+        metavar="LIST",
+        help="CPU cores for the speculator on CPU, e.g. 1 or 2-3 (default: last core).",
+    )
+    g.add_argument(
+        "--ssd-speculator-timeout",
+        type=float,
+        default=d.speculator_timeout,
+        metavar="SECONDS",
+        help="Wait this long for the speculator before falling back and restarting it.",
+    )

@@ -67,8 +67,9 @@ def split_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         SystemExit: with argparse's message on a malformed `--ssd-*` value or an unknown
             `--ssd-*` flag (exit status 2).
     """
-    parser = argparse.ArgumentParser(prog="python -m sglang_ssd.launch_server", add_help=False,
-                                     allow_abbrev=False)
+    parser = argparse.ArgumentParser(
+        prog="python -m sglang_ssd.launch_server", add_help=False, allow_abbrev=False
+    )
     add_ssd_args(parser)
     ssd_ns, rest = parser.parse_known_args(list(argv))
     unknown = [a.split("=", 1)[0] for a in rest if a.startswith("--ssd-")]

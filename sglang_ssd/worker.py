@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 import torch
+from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.managers.utils import GenerationBatchResult
@@ -25,7 +26,6 @@ from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.ngram_info import NgramVerifyInput
 from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcache
 
-from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
 from sglang_ssd.config import SSDConfig
 from sglang_ssd.saguaro import SamplingBatch
 from sglang_ssd.target.metrics import RoundTimer
@@ -144,8 +144,10 @@ class SSDWorker(BaseSpecWorker):
         drafts = self.provider.drafts(batch.reqs)
         t_drafts = time.perf_counter()
 
-        roots = [req.output_ids[-1] if len(req.output_ids) else req.origin_input_ids[-1]
-                 for req in batch.reqs]
+        roots = [
+            req.output_ids[-1] if len(req.output_ids) else req.origin_input_ids[-1]
+            for req in batch.reqs
+        ]
         tokens = torch.zeros(bs, width, dtype=torch.int64)
         tokens[:, 0] = torch.tensor(roots, dtype=torch.int64)
         depth_max = drafts.tokens.shape[1]

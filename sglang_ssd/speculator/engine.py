@@ -118,12 +118,12 @@ class SpeculatorEngine:
         if state is None:
             return False
         self._drop_branches(state)
-        self.model.pool.free(state.slots)
+        self.model.kv_pool.free(state.slots)
         self.cache.remove(rid)
         return True
 
     def num_used_slots(self) -> int:
-        return self.model.pool.num_used
+        return self.model.kv_pool.num_used
 
     # ---------------------------------------------------------------- outcomes
     def apply_outcomes(self, outcomes: Sequence[OutcomeIn]) -> list[str]:
@@ -137,7 +137,11 @@ class SpeculatorEngine:
         for o in outcomes:
             state = self.requests.get(o.rid)
             depth = state.draft.depth if state is not None and state.draft is not None else 0
-            if state is None or not 0 <= o.accept_len <= depth or not 0 <= o.bonus < self.vocab_size:
+            if (
+                state is None
+                or not 0 <= o.accept_len <= depth
+                or not 0 <= o.bonus < self.vocab_size
+            ):
                 logger.warning("speculator: cannot apply outcome %s (draft depth %d)", o, depth)
                 if state is not None:
                     self.close(o.rid)
@@ -152,7 +156,7 @@ class SpeculatorEngine:
         n_old = len(state.committed)
         state.committed = state.committed + drafted + [bonus]
         keep = min(state.num_fed, n_old + k)
-        self.model.pool.free(state.slots[keep:])
+        self.model.kv_pool.free(state.slots[keep:])
         state.slots = state.slots[:keep]
         state.draft = None
         branches = state.branches
@@ -168,7 +172,7 @@ class SpeculatorEngine:
             state.slots = torch.cat([state.slots, branches.slots[row]])
             others = torch.ones(branches.slots.shape[0], dtype=torch.bool)
             others[row] = False
-            self.model.pool.free(branches.slots[others].reshape(-1))
+            self.model.kv_pool.free(branches.slots[others].reshape(-1))
             q = found.dense_probs()[0] if not bool(found.point_mass[0]) else None
             state.draft = Draft(
                 tokens=found.draft_tokens[0].tolist(),
@@ -179,12 +183,12 @@ class SpeculatorEngine:
             )
         else:
             state.count("misses")
-            self.model.pool.free(branches.slots.reshape(-1))
+            self.model.kv_pool.free(branches.slots.reshape(-1))
         self.cache.remove(state.rid)
 
     def _drop_branches(self, state: RequestState) -> None:
         if state.branches is not None:
-            self.model.pool.free(state.branches.slots.reshape(-1))
+            self.model.kv_pool.free(state.branches.slots.reshape(-1))
             state.branches = None
 
     # ---------------------------------------------------------------- serving
@@ -248,8 +252,8 @@ class SpeculatorEngine:
     def _feed_causal(self, states: list[RequestState], upto_root: bool) -> torch.Tensor:
         """Feed each state's unfed committed tokens (all but the root if `upto_root`).
 
-        Returns the logits [len(states), V] at each state's last fed token (rows of states that
-        had nothing to feed are undefined and must not be used).
+        Returns the logits [S, V] at the last fed token of each of the S states that had
+        tokens to feed, in order (with `upto_root=False` that is every state).
         """
         segments: list[Segment] = []
         fed: list[RequestState] = []
@@ -258,17 +262,24 @@ class SpeculatorEngine:
             todo = torch.tensor(s.committed[s.num_fed : end], dtype=torch.int64)
             if todo.numel() == 0:
                 continue
-            slots = self.model.pool.alloc(todo.numel())
+            slots = self.model.kv_pool.alloc(todo.numel())
             segments.append(causal_segment(s.slots, todo, s.num_fed, slots))
             fed.append(s)
         if not segments:
             return torch.empty(0, self.vocab_size)
         packed = pack(segments, self.model.device)
-        last = torch.tensor([o + seg.tokens.numel() - 1 for o, seg in
-                             zip(packed.query_offsets, segments, strict=True)])
+        last = torch.tensor(
+            [
+                o + seg.tokens.numel() - 1
+                for o, seg in zip(packed.query_offsets, segments, strict=True)
+            ]
+        )
         logits = self.model.forward(
-            packed.input_ids, packed.positions, packed.out_slots, packed.layout,
-            logits_rows=None if upto_root else last,
+            packed.input_ids,
+            packed.positions,
+            packed.out_slots,
+            packed.layout,
+            logits_rows=last,
         )
         for s, seg in zip(fed, segments, strict=True):
             s.slots = torch.cat([s.slots, seg.out_slots])
@@ -276,7 +287,7 @@ class SpeculatorEngine:
 
     def _feed_tokens(self, states: list[RequestState], tokens: list[int]) -> torch.Tensor:
         """Feed one token per state after its fed prefix; returns logits [len(states), V]."""
-        slots = self.model.pool.alloc(len(states))
+        slots = self.model.kv_pool.alloc(len(states))
         segments = [
             causal_segment(s.slots, torch.tensor([t]), s.num_fed, slots[i : i + 1])
             for i, (s, t) in enumerate(zip(states, tokens, strict=True))
@@ -322,7 +333,7 @@ class SpeculatorEngine:
         for s in states:
             seq = s.sequence
             todo = torch.tensor(seq[s.num_fed :], dtype=torch.int64)
-            slots = self.model.pool.alloc(todo.numel())
+            slots = self.model.kv_pool.alloc(todo.numel())
             segments.append(causal_segment(s.slots, todo, s.num_fed, slots))
             root = len(s.committed) - 1
             ks = range(s.draft.depth + 1) if s.draft.candidates is None else [s.draft.depth]
@@ -342,8 +353,10 @@ class SpeculatorEngine:
             if s.draft.candidates is None:
                 s.draft.candidates = top
             else:
-                s.draft.candidates = _pad_rows(list(s.draft.candidates[:depth]) + [top[0]],
-                                               max(num_cand, s.draft.candidates.shape[1]))
+                s.draft.candidates = _pad_rows(
+                    [*list(s.draft.candidates[:depth]), top[0]],
+                    max(num_cand, s.draft.candidates.shape[1]),
+                )
 
     def _tree(self, states: list[RequestState]) -> None:
         """Fork every request's branches and decode them with one forward per depth."""
@@ -355,7 +368,7 @@ class SpeculatorEngine:
         for s in states:
             ks, ts = self._fork(s)
             if ks:
-                plans.append((s, ks, ts, self.model.pool.alloc(len(ks) * tree_depth)))
+                plans.append((s, ks, ts, self.model.kv_pool.alloc(len(ks) * tree_depth)))
         if not plans:
             return
         n = [len(p[1]) for p in plans]
@@ -367,16 +380,21 @@ class SpeculatorEngine:
             for (s, ks, _, _), mat, tok in zip(plans, slot_mats, fed, strict=True):
                 kt = torch.tensor(ks, dtype=torch.int64)
                 base = len(s.committed)
-                segments.append(tree_segment(
-                    s.slots, base + kt, mat[:, :depth], tok, base + kt + depth - 1
-                ))
+                segments.append(
+                    tree_segment(s.slots, base + kt, mat[:, :depth], tok, base + kt + depth - 1)
+                )
             packed = pack(segments, self.model.device)
             logits = self.model.forward(
                 packed.input_ids, packed.positions, packed.out_slots, packed.layout
             )
             row_states = [p[0] for p, count in zip(plans, n, strict=True) for _ in range(count)]
-            sample = sample_drafts(logits, row_states, [top_m_next[depth - 1]] * len(row_states),
-                                   self.config.beta, num_cand)
+            sample = sample_drafts(
+                logits,
+                row_states,
+                [top_m_next[depth - 1]] * len(row_states),
+                self.config.beta,
+                num_cand,
+            )
             offset = 0
             for i, count in enumerate(n):
                 part = slice(offset, offset + count)

@@ -28,7 +28,9 @@ class DraftProvider(Protocol):
         """Drafts for `reqs` (SGLang `Req`s, batch order)."""
         ...
 
-    def record_outcomes(self, rids: Sequence[str], accept_lens: list[int], bonus: list[int]) -> None:
+    def record_outcomes(
+        self, rids: Sequence[str], accept_lens: list[int], bonus: list[int]
+    ) -> None:
         """The verified outcome (k, t*) of each request this round."""
         ...
 
@@ -59,7 +61,9 @@ class LocalNgramProvider:
     def drafts(self, reqs: Sequence[Any]) -> DraftBatch:
         return ngram_drafts(self.ngram, [request_tokens(r) for r in reqs], self.lookahead)
 
-    def record_outcomes(self, rids: Sequence[str], accept_lens: list[int], bonus: list[int]) -> None:
+    def record_outcomes(
+        self, rids: Sequence[str], accept_lens: list[int], bonus: list[int]
+    ) -> None:
         pass
 
     def close(self, rid: str) -> None:
@@ -76,7 +80,6 @@ def make_provider(
     config: SSDConfig, draft_model_path: str, target_device: str, vocab_size: int
 ) -> DraftProvider:
     """The speculator client for `config` (it falls back to local n-gram drafts by itself)."""
-    return LocalNgramProvider(config.lookahead)  # TEMP: integration bring-up
     from sglang_ssd.target.speculator_client import SpeculatorClient
 
     return SpeculatorClient(

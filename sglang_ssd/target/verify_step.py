@@ -61,7 +61,8 @@ def verify_batch(
     vocab = logits.shape[-1]
     if logits.shape[0] != b * width or drafts.tokens.shape[1] > width - 1:
         raise ValueError(
-            f"logits [{logits.shape[0]}, V] / drafts {tuple(drafts.tokens.shape)} do not fit W={width}"
+            f"logits [{logits.shape[0]}, V] / drafts {tuple(drafts.tokens.shape)} "
+            f"do not fit W={width}"
         )
     logits = logits.view(b, width, vocab)
     accept_len = torch.zeros(b, dtype=torch.int64)

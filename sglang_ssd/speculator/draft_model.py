@@ -1,0 +1,303 @@
+"""The draft model runtime: a Hugging Face causal LM whose attention reads/writes our KV pool.
+
+Why transformers and not SGLang's ModelRunner: SGLang's runner cannot be driven from a second
+process with a custom branch mask without its whole distributed/scheduler stack, whereas
+transformers' model code (Qwen2/Llama family) is well kept and lets a registered attention
+function receive extra keyword arguments. So the draft runs HF's own modules (embeddings, RoPE,
+MLPs, norms) and only attention is ours: `_ssd_paged_attention`, registered with
+`transformers.AttentionInterface` as "ssd_paged", writes the layer's new K/V (already RoPE'd by
+the HF layer, at the logical positions we pass) into `KVPool` slots and attends with
+`sglang_ssd_kernels.branch_attention` over the slots the `AttentionLayout` lists.
+
+One `DraftModel.forward` is one batched model call over N query tokens of any number of
+requests (prefill, glue decode or one tree-decode depth over all branches).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from sglang_ssd_kernels.branch_attention import (
+    BranchAttentionPlan,
+    causal_custom_mask,
+    plan_branch_attention,
+)
+from transformers import AttentionInterface, AutoModelForCausalLM
+from transformers.masking_utils import AttentionMaskInterface
+
+from sglang_ssd.speculator.kv_pool import KVPool
+
+ATTN_IMPLEMENTATION = "ssd_paged"
+_CTX_KWARG = "ssd_ctx"
+
+
+@dataclass(frozen=True)
+class AttentionLayout:
+    """Which pool slots each query token attends to (FlashInfer paged layout, page size 1).
+
+    Attributes:
+        qo_indptr: int32/int64 [R + 1]; segment r (one request) owns query rows
+            qo_indptr[r]:qo_indptr[r + 1] of the forward.
+        kv_indptr: int32/int64 [R + 1] into kv_indices.
+        kv_indices: int32/int64 [total_kv], pool slots of every segment in order. A query that
+            must see itself lists its own out_slot here (K/V are written before attending).
+        custom_mask: bool [sum_r qo_len_r * kv_len_r], row-major [qo_len_r, kv_len_r] block per
+            segment, True = may attend; None = every query sees its whole segment.
+    """
+
+    qo_indptr: torch.Tensor
+    kv_indptr: torch.Tensor
+    kv_indices: torch.Tensor
+    custom_mask: torch.Tensor | None = None
+
+    @classmethod
+    def causal(
+        cls,
+        context_slots: list[torch.Tensor],
+        new_slots: list[torch.Tensor],
+        device: torch.device | str = "cpu",
+    ) -> AttentionLayout:
+        """Append (prefill / decode) layout: request r's new tokens extend its context causally.
+
+        Args:
+            context_slots: per request, int64 [C_r] slots already holding its earlier tokens.
+            new_slots: per request, int64 [Q_r] slots of its new tokens (the forward's out_slots
+                for that request, in order).
+            device: device of the layout tensors.
+
+        Returns:
+            A layout where new token i of request r sees context_slots[r] and new tokens 0..i.
+
+        Raises:
+            ValueError: if the two lists differ in length.
+        """
+        if len(context_slots) != len(new_slots):
+            raise ValueError(f"{len(context_slots)} contexts vs {len(new_slots)} new-slot lists")
+        qo_lens = [int(s.numel()) for s in new_slots]
+        kv_lens = [int(c.numel()) + q for c, q in zip(context_slots, qo_lens, strict=True)]
+        indices = [
+            torch.cat([c.reshape(-1), s.reshape(-1)])
+            for c, s in zip(context_slots, new_slots, strict=True)
+        ]
+        return cls(
+            qo_indptr=_indptr(qo_lens, device),
+            kv_indptr=_indptr(kv_lens, device),
+            kv_indices=torch.cat(indices).to(device=device, dtype=torch.int64)
+            if indices
+            else torch.zeros(0, dtype=torch.int64, device=device),
+            custom_mask=causal_custom_mask(qo_lens, kv_lens, device=device),
+        )
+
+
+@dataclass
+class _ForwardContext:
+    """What every layer's attention call needs; built once per forward (the kwarg `ssd_ctx`)."""
+
+    pool: KVPool
+    out_slots: torch.Tensor
+    plan: BranchAttentionPlan
+
+
+def _ssd_paged_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    sliding_window: int | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """HF attention function: write this layer's K/V to the pool, then branch attention.
+
+    Args (HF's attention-interface contract, batch 1):
+        query: [1, H, N, d], key: [1, Hkv, N, d] (RoPE applied), value: [1, Hkv, N, dv].
+        kwargs["ssd_ctx"]: the `_ForwardContext` of this forward.
+
+    Returns:
+        ([1, N, H, dv], None).
+    """
+    ctx: _ForwardContext | None = kwargs.get(_CTX_KWARG)
+    if ctx is None:
+        raise RuntimeError("the ssd_paged attention needs DraftModel.forward (no ssd_ctx given)")
+    if sliding_window is not None:
+        raise NotImplementedError("sliding-window layers are not supported by the draft runtime")
+    layer = module.layer_idx
+    k_cache, v_cache = ctx.pool.k[layer], ctx.pool.v[layer]
+    k_cache.index_copy_(0, ctx.out_slots, key[0].transpose(0, 1))
+    v_cache.index_copy_(0, ctx.out_slots, value[0].transpose(0, 1))
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    out = ctx.plan.run(query[0].transpose(0, 1), k_cache, v_cache, scale)
+    return out.unsqueeze(0), None
+
+
+AttentionInterface.register(ATTN_IMPLEMENTATION, _ssd_paged_attention)
+# The layout carries the mask; HF must not build one (None skips its mask creation).
+AttentionMaskInterface.register(ATTN_IMPLEMENTATION, lambda *args, **kwargs: None)
+
+
+class DraftModel:
+    """A causal LM (Qwen2/Llama family) run over a paged KV pool with branch attention.
+
+    Build with `DraftModel.load`. Attributes:
+        hf: the transformers model (attention implementation "ssd_paged").
+        kv_pool: the model's `KVPool`.
+        forward_count: number of `forward` calls so far (one batched model call each).
+    """
+
+    def __init__(self, hf_model: torch.nn.Module, kv_pool: KVPool) -> None:
+        config = hf_model.config
+        if "sliding_attention" in (getattr(config, "layer_types", None) or []):
+            raise NotImplementedError("draft models with sliding-window layers are not supported")
+        self.hf = hf_model.eval()
+        self.config = config
+        self.kv_pool = kv_pool
+        self.base = getattr(hf_model, hf_model.base_model_prefix)
+        self.lm_head = hf_model.get_output_embeddings()
+        self.device = next(hf_model.parameters()).device
+        self.dtype = next(hf_model.parameters()).dtype
+        self.forward_count = 0
+
+    @classmethod
+    def load(
+        cls,
+        path: str | os.PathLike[str],
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.bfloat16,
+        num_slots: int = 16384,
+        num_threads: int | None = None,
+    ) -> DraftModel:
+        """Load an HF causal-LM folder (config.json + safetensors) as a draft model.
+
+        Args:
+            path: the model folder.
+            device: where the weights and the KV pool live ("cpu", "cuda:0", ...).
+            dtype: weight and KV dtype.
+            num_slots: KV pool capacity in tokens (all requests and branches together).
+            num_threads: if given, `torch.set_num_threads(num_threads)` for this process.
+
+        Raises:
+            FileNotFoundError: if `path` has no config.json.
+            NotImplementedError: for models with sliding-window attention layers.
+        """
+        path = Path(path)
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"no HF model folder at {path} (config.json missing)")
+        if num_threads is not None:
+            torch.set_num_threads(num_threads)
+        hf_model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION
+        ).to(device)
+        config = hf_model.config
+        head_dim = getattr(config, "head_dim", None) or (
+            config.hidden_size // config.num_attention_heads
+        )
+        pool = KVPool(
+            num_layers=config.num_hidden_layers,
+            num_slots=num_slots,
+            num_kv_heads=config.num_key_value_heads,
+            head_dim=head_dim,
+            dtype=dtype,
+            device=device,
+        )
+        return cls(hf_model, pool)
+
+    @property
+    def vocab_size(self) -> int:
+        """V, the logits' width (the lm_head's rows; may exceed the tokenizer's size)."""
+        return int(self.lm_head.weight.shape[0])
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.config.num_hidden_layers)
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """End-of-sequence ids from the config and the generation config (deduplicated)."""
+        ids: list[int] = []
+        sources = [self.config, getattr(self.hf, "generation_config", None)]
+        for source in sources:
+            value = getattr(source, "eos_token_id", None)
+            for item in value if isinstance(value, (list, tuple)) else [value]:
+                if item is not None and int(item) not in ids:
+                    ids.append(int(item))
+        return tuple(ids)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        out_slots: torch.Tensor,
+        layout: AttentionLayout,
+        logits_rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """One batched model call over N query tokens.
+
+        Each layer first writes the new tokens' K/V at `out_slots`, then every query attends to
+        the slots `layout` gives it (so a token sees itself when its own slot is listed).
+
+        Args:
+            input_ids: int64 [N] token ids.
+            positions: int64 [N] logical positions (RoPE), independent of slots.
+            out_slots: int64 [N] distinct allocated pool slots for the new K/V.
+            layout: the attention layout over N queries.
+            logits_rows: int64 [M] rows of the N whose logits are wanted, or None (all N). Only
+                these rows go through the lm_head (V = 151,936 makes it the costliest layer).
+
+        Returns:
+            float32 [M or N, V] logits (computed in the model dtype, then widened). They are
+            inference tensors (torch.inference_mode): copy them (`.clone()`) before modifying
+            them in place outside inference mode.
+
+        Raises:
+            ValueError: on mismatched lengths, an empty forward, or (pool debug mode) an
+                out_slot that is not allocated.
+        """
+        n = input_ids.numel()
+        if n == 0:
+            raise ValueError("DraftModel.forward needs at least one token")
+        if positions.numel() != n or out_slots.numel() != n:
+            raise ValueError(
+                f"input_ids [{n}], positions [{positions.numel()}], out_slots "
+                f"[{out_slots.numel()}] must have the same length"
+            )
+        if self.kv_pool.debug and not bool(self.kv_pool.is_allocated(out_slots).all()):
+            raise ValueError("DraftModel.forward: out_slots include slots that are not allocated")
+        device = self.device
+        plan = plan_branch_attention(
+            layout.qo_indptr,
+            layout.kv_indptr,
+            layout.kv_indices,
+            layout.custom_mask,
+            device=device,
+        )
+        if plan.num_queries != n:
+            raise ValueError(f"layout describes {plan.num_queries} queries, forward has {n}")
+        ctx = _ForwardContext(
+            pool=self.kv_pool,
+            out_slots=out_slots.to(device=device, dtype=torch.int64),
+            plan=plan,
+        )
+        self.forward_count += 1
+        hidden = self.base(
+            input_ids=input_ids.to(device=device, dtype=torch.int64).view(1, n),
+            position_ids=positions.to(device=device, dtype=torch.int64).view(1, n),
+            use_cache=False,
+            **{_CTX_KWARG: ctx},
+        ).last_hidden_state[0]
+        if logits_rows is not None:
+            hidden = hidden.index_select(0, logits_rows.to(device=device, dtype=torch.int64))
+        return self.lm_head(hidden).float()
+
+
+def _indptr(lengths: list[int], device: torch.device | str) -> torch.Tensor:
+    out = torch.zeros(len(lengths) + 1, dtype=torch.int32, device=device)
+    if lengths:
+        out[1:] = torch.tensor(lengths, dtype=torch.int32, device=device).cumsum(0)
+    return out

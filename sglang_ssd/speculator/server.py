@@ -1,0 +1,194 @@
+"""The speculator process's loop: messages in, drafts out, pre-speculation in between.
+
+A Step is answered at once (cache lookups and the target's chosen backup for misses); in async
+mode the speculator then builds the next round's speculation cache while the target verifies
+(DESIGN.md §2). Bad input from the link is logged and answered, never fatal.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import torch
+
+from sglang_ssd.speculator.engine import OutcomeIn, SpeculatorEngine
+from sglang_ssd.speculator.state import Draft
+from sglang_ssd.transport import (
+    Close,
+    Configure,
+    ConfigureAck,
+    DraftEntry,
+    Drafts,
+    Error,
+    Open,
+    Shutdown,
+    SpeculatorLink,
+    SpeculatorSettings,
+    SpeculatorTiming,
+    StatsReply,
+    StatsRequest,
+    Step,
+)
+
+logger = logging.getLogger(__name__)
+
+IDLE_POLL_S = 1.0
+
+
+class SpeculatorServer:
+    """Serves one target over `link` with `engine` until Shutdown or the parent exits."""
+
+    def __init__(self, link: SpeculatorLink, engine: SpeculatorEngine, parent_pid: int) -> None:
+        self.link = link
+        self.engine = engine
+        self.parent_pid = parent_pid
+        self.timing = SpeculatorTiming()
+        self.counters: dict[str, float] = {
+            "steps": 0,
+            "build_s": 0.0,
+            "lookup_s": 0.0,
+            "backup_s": 0.0,
+            "idle_s": 0.0,
+            "send_s": 0.0,
+        }
+
+    def run(self) -> None:
+        """Loop until Shutdown, a lost parent, or a transport failure (which ends the process:
+        the target restarts a fresh speculator)."""
+        idle_since = time.perf_counter()
+        while True:
+            msg = self.link.recv(IDLE_POLL_S)
+            if msg is None:
+                if os.getppid() != self.parent_pid:
+                    logger.warning("SSD speculator: parent %d is gone; exiting", self.parent_pid)
+                    return
+                continue
+            self.counters["idle_s"] += time.perf_counter() - idle_since
+            if isinstance(msg, Shutdown):
+                return
+            try:
+                self._dispatch(msg)
+            except Exception as exc:  # keep serving: report and go on
+                logger.exception("SSD speculator: failed to handle %s", type(msg).__name__)
+                self.link.send(Error(reason=f"{type(msg).__name__}: {exc}"[:1000]))
+            idle_since = time.perf_counter()
+
+    def _dispatch(self, msg: object) -> None:
+        if isinstance(msg, Step):
+            self._step(msg)
+        elif isinstance(msg, Open):
+            s = msg.sampling
+            self.engine.open(msg.rid, msg.token_ids, s.temperature, s.top_k, s.top_p, s.seed)
+        elif isinstance(msg, Close):
+            self.engine.close(msg.rid)
+        elif isinstance(msg, Configure):
+            self._configure(msg)
+        elif isinstance(msg, StatsRequest):
+            self.link.send(StatsReply(counters=self.stats()))
+        elif isinstance(msg, Error):
+            logger.warning("SSD speculator: target reported an error: %s", msg.reason)
+
+    def _configure(self, msg: Configure) -> None:
+        changes = {
+            k: v
+            for k, v in (
+                ("beta", msg.beta),
+                ("fanout_budget", msg.fanout_budget),
+                ("fanout", msg.fanout),
+                ("backup", msg.backup),
+            )
+            if v is not None
+        }
+        config = self.engine.config.replace(**changes)
+        self.engine.config = config
+        self.link.send(
+            ConfigureAck(
+                applied=SpeculatorSettings(
+                    beta=config.beta,
+                    fanout_budget=config.fanout_budget,
+                    fanout=config.fanout,
+                    backup=config.backup,
+                )
+            )
+        )
+
+    def _step(self, step: Step) -> None:
+        engine = self.engine
+        t0 = time.perf_counter()
+        outcomes = [OutcomeIn(o.rid, o.accept_len, o.bonus) for o in step.outcomes]
+        engine.apply_outcomes(outcomes)
+        for o in outcomes:
+            engine.observe_accept_length(o.accept_len + 1)
+        t1 = time.perf_counter()
+        drafts = engine.serve(step.requests, step.backup, engine.config.lookahead)
+        t2 = time.perf_counter()
+        self.timing = SpeculatorTiming(
+            build_s=self.timing.build_s,
+            lookup_s=t1 - t0,
+            backup_s=t2 - t1,
+            idle_s=self.timing.idle_s,
+        )
+        reply, tokens, q = self._pack(step, drafts)
+        self.counters["send_s"] += self.link.send_drafts(reply, tokens, q)
+        self.counters["steps"] += 1
+        self.counters["lookup_s"] += t1 - t0
+        self.counters["backup_s"] += t2 - t1
+        build_s = 0.0
+        if engine.config.mode == "async":
+            t3 = time.perf_counter()
+            engine.build(step.requests)
+            build_s = time.perf_counter() - t3
+            self.counters["build_s"] += build_s
+        self.timing = SpeculatorTiming(build_s=build_s, lookup_s=0.0, backup_s=0.0, idle_s=0.0)
+
+    def _pack(
+        self, step: Step, drafts: list[Draft | None]
+    ) -> tuple[Drafts, torch.Tensor, torch.Tensor | None]:
+        """The Drafts message and its tensors (tokens [B, Dmax], q [n_q, Dmax, V])."""
+        vocab = self.engine.vocab_size
+        depth = max((len(d.tokens) for d in drafts if d is not None), default=0)
+        tokens = torch.full((len(drafts), depth), -1, dtype=torch.int64)
+        q_rows = []
+        entries = []
+        for i, (rid, d) in enumerate(zip(step.requests, drafts, strict=True)):
+            if d is None:
+                entries.append(
+                    DraftEntry(rid=rid, round_id=0, source="missing", depth=0, has_q=False)
+                )
+                continue
+            tokens[i, : len(d.tokens)] = torch.tensor(d.tokens, dtype=torch.int64)
+            has_q = d.q is not None
+            if has_q:
+                row = torch.zeros(depth, vocab, dtype=torch.float32)
+                row[: d.q.shape[0]] = d.q
+                q_rows.append(row)
+            entries.append(
+                DraftEntry(
+                    rid=rid, round_id=d.round_id, source=d.source, depth=len(d.tokens), has_q=has_q
+                )
+            )
+        q = torch.stack(q_rows) if q_rows else None
+        msg = Drafts(
+            step_id=step.step_id,
+            entries=entries,
+            max_depth=depth,
+            vocab_size=vocab,
+            timing=self.timing,
+        )
+        return msg, tokens, q
+
+    def stats(self) -> dict[str, float]:
+        """Counters for `/ssd/stats`: round totals, cache hits/misses, pool use."""
+        out = dict(self.counters)
+        totals: dict[str, float] = {}
+        for state in self.engine.requests.values():
+            for key, value in state.stats.items():
+                totals[key] = totals.get(key, 0) + value
+        out.update({f"requests_{k}": v for k, v in totals.items()})
+        out.update({f"cache_{k}": float(v) for k, v in self.engine.cache.stats.items()})
+        out["kv_slots_used"] = float(self.engine.num_used_slots())
+        out["open_requests"] = float(len(self.engine.requests))
+        out["cache_entries"] = float(self.engine.cache.num_entries)
+        return out

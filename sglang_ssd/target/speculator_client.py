@@ -1,0 +1,345 @@
+"""The target's handle on the speculator: request sync, Step/Drafts, faults and restarts.
+
+Each decode round `drafts(reqs)` (1) opens requests the speculator does not know yet (or whose
+tokens drifted, e.g. after a retraction) with their full token list, (2) sends one `Step` with
+the previous round's outcomes, the batch's rids and the backup `FallbackPolicy` picked for this
+batch size, and (3) waits at most `--ssd-speculator-timeout` for the drafts. Any fault (timeout,
+dead process, transport error) is logged, the speculator is stopped and restarted in the
+background, and the target keeps serving with its own n-gram drafts meanwhile (DESIGN.md §1).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from sglang_ssd.config import SSDConfig
+from sglang_ssd.saguaro import Backup, BackupStats, FallbackPolicy
+from sglang_ssd.speculator.affinity import pin_process, split_cpus
+from sglang_ssd.target.draft_batch import DraftBatch
+from sglang_ssd.target.provider import LocalNgramProvider, request_tokens
+from sglang_ssd.target.speculator_process import Placement, SpeculatorProcess
+from sglang_ssd.transport import (
+    Close,
+    Configure,
+    ConfigureAck,
+    Open,
+    Outcome,
+    ReceivedDrafts,
+    RemoteError,
+    SamplingSpec,
+    StatsReply,
+    StatsRequest,
+    Step,
+    TargetLink,
+    TransportError,
+    TransportTimeout,
+)
+
+logger = logging.getLogger(__name__)
+
+STARTUP_TIMEOUT_S = 300.0
+RESTART_BACKOFF_S = 2.0
+ACCEPT_POLL_S = 2.0
+
+
+def default_policy(config: SSDConfig) -> FallbackPolicy:
+    """The miss policy before measurements arrive (times in seconds; refined live)."""
+    return FallbackPolicy(
+        lookahead=config.lookahead,
+        p_hit=0.6,
+        alpha_hit=0.8,
+        t_verify=0.5,
+        t_spec=0.6,
+        backups={
+            Backup.JIT: BackupStats(alpha=0.8, latency=0.5),
+            Backup.NGRAM: BackupStats(alpha=0.3, latency=0.002),
+            Backup.RANDOM: BackupStats(alpha=0.01, latency=0.001),
+        },
+        mode=config.backup,
+        batch_threshold_override=config.batch_threshold if config.backup == "auto" else None,
+    )
+
+
+class SpeculatorClient:
+    """A `DraftProvider` backed by the speculator process (see the module docstring)."""
+
+    def __init__(
+        self, config: SSDConfig, draft_model_path: str, target_device: str, vocab_size: int
+    ) -> None:
+        self.config = config
+        self.model_path = draft_model_path
+        self.vocab_size = vocab_size
+        self.local = LocalNgramProvider(config.lookahead)
+        self.policy = default_policy(config)
+        self.placement = self._place(config, target_device)
+        self.link: TargetLink | None = None
+        self.process: SpeculatorProcess | None = None
+        self.opened: dict[str, int] = {}  # rid -> committed tokens the speculator holds
+        self.pending: dict[str, tuple[int, int]] = {}  # rid -> (k, bonus) not yet reported
+        self.last_sources: dict[str, str] = {}
+        self.step_id = 0
+        self.faults = 0
+        self.restarts = 0
+        self.last_timing: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self._restarting: threading.Thread | None = None
+        self._down_since: float | None = None
+        link, process = self._launch()
+        self._install(link, process)
+
+    # ------------------------------------------------------------ placement and lifecycle
+    def _place(self, config: SSDConfig, target_device: str) -> Placement:
+        if target_device.startswith("cuda"):
+            device = config.draft_device
+            if device is None:
+                index = torch.cuda.current_device() + 1
+                device = f"cuda:{index}" if index < torch.cuda.device_count() else target_device
+            return Placement(device=device, cpus=None)
+        target_cpus, draft_cpus = split_cpus(config.draft_cpus)
+        pin_process(target_cpus)
+        logger.info("SSD: target pinned to CPUs %s, speculator to %s", target_cpus, draft_cpus)
+        return Placement(device=config.draft_device or "cpu", cpus=tuple(draft_cpus))
+
+    def _launch(self) -> tuple[TargetLink, SpeculatorProcess]:
+        nccl = self.placement.device.startswith("cuda") and torch.cuda.is_available()
+        link = TargetLink(
+            backend="nccl" if nccl else "gloo", tensor_timeout_s=self.config.speculator_timeout
+        )
+        address = link.start()
+        process = SpeculatorProcess(self.config, self.model_path, address, self.placement)
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        try:
+            while True:
+                try:
+                    link.accept(ACCEPT_POLL_S)
+                    return link, process
+                except TransportTimeout:
+                    if not process.alive():
+                        raise TransportError(
+                            f"speculator exited with code {process.proc.returncode} during "
+                            "startup (see its log above)"
+                        ) from None
+                    if time.monotonic() > deadline:
+                        raise
+        except BaseException:
+            process.stop()
+            link.close()
+            raise
+
+    def _install(self, link: TargetLink, process: SpeculatorProcess) -> None:
+        with self._lock:
+            self.link, self.process = link, process
+            self.opened.clear()
+            self.pending.clear()
+            self._down_since = None
+
+    def _fault(self, reason: str) -> None:
+        """Stop a misbehaving speculator; serve locally until the restart completes."""
+        self.faults += 1
+        logger.error(
+            "SSD: speculator fault (%s); serving with target-side n-gram drafts and restarting it",
+            reason,
+        )
+        link, process = self.link, self.process
+        self.link = self.process = None
+        self.opened.clear()
+        self.pending.clear()
+        self._down_since = time.monotonic()
+        if process is not None:
+            process.stop(timeout_s=2.0)
+        if link is not None:
+            link.close()
+
+    def _maybe_restart(self) -> None:
+        if self._restarting is not None and self._restarting.is_alive():
+            return
+        if self._down_since is None or time.monotonic() - self._down_since < RESTART_BACKOFF_S:
+            return
+
+        def restart() -> None:
+            try:
+                link, process = self._launch()
+            except Exception as exc:
+                logger.error("SSD: speculator restart failed: %s", exc)
+                self._down_since = time.monotonic()
+                return
+            self._install(link, process)
+            self.restarts += 1
+            logger.info("SSD: speculator restarted (pid %d); back to SSD", process.pid)
+
+        self._restarting = threading.Thread(target=restart, name="ssd-restart", daemon=True)
+        self._restarting.start()
+
+    # ------------------------------------------------------------ DraftProvider
+    def drafts(self, reqs: Sequence[Any]) -> DraftBatch:
+        with self._lock:
+            if self.link is None or self.process is None or not self.process.alive():
+                if self.link is not None:
+                    self._fault("speculator process exited")
+                self._maybe_restart()
+                return self.local.drafts(reqs)
+            try:
+                return self._remote_drafts(reqs)
+            except (TransportError, RemoteError) as exc:
+                self._fault(f"{type(exc).__name__}: {exc}")
+                return self.local.drafts(reqs)
+
+    def _remote_drafts(self, reqs: Sequence[Any]) -> DraftBatch:
+        link = self.link
+        outcomes = []
+        for req in reqs:
+            tokens = request_tokens(req)
+            known = self.opened.get(req.rid)
+            pending = self.pending.pop(req.rid, None)
+            if known is not None and pending is not None and known + pending[0] + 1 == len(tokens):
+                outcomes.append(
+                    Outcome(rid=req.rid, round_id=0, accept_len=pending[0], bonus=pending[1])
+                )
+            elif known is None or known != len(tokens):
+                if known is not None:
+                    link.send(Close(rid=req.rid, reason="resync"))
+                link.send(Open(rid=req.rid, token_ids=tokens, sampling=_sampling_spec(req)))
+            self.opened[req.rid] = len(tokens)
+        backup = "jit" if self.config.mode == "sync" else self.policy.choose(len(reqs)).value
+        self.step_id += 1
+        rids = [req.rid for req in reqs]
+        link.send_step(Step(step_id=self.step_id, outcomes=outcomes, requests=rids, backup=backup))
+        got = link.recv_drafts(self.step_id, self.config.speculator_timeout)
+        if got is None:
+            raise TransportError(f"no drafts within {self.config.speculator_timeout} s")
+        return self._to_batch(reqs, got)
+
+    def _to_batch(self, reqs: Sequence[Any], got: ReceivedDrafts) -> DraftBatch:
+        msg, tokens, q = got
+        b = len(reqs)
+        depth = torch.tensor([e.depth for e in msg.entries], dtype=torch.int64)
+        has_q = torch.tensor([e.has_q for e in msg.entries], dtype=torch.bool)
+        sources = [e.source for e in msg.entries]
+        dense_q = None
+        if q is not None:
+            dense_q = torch.zeros(b, tokens.shape[1], self.vocab_size, dtype=q.dtype)
+            dense_q[has_q] = (
+                q[:, :, : self.vocab_size]
+                if q.shape[2] >= self.vocab_size
+                else torch.nn.functional.pad(q, (0, self.vocab_size - q.shape[2]))
+            )
+        missing = [i for i, e in enumerate(msg.entries) if e.source == "missing"]
+        if missing:
+            local = self.local.drafts([reqs[i] for i in missing])
+            width = max(tokens.shape[1], local.tokens.shape[1])
+            tokens = torch.nn.functional.pad(tokens, (0, width - tokens.shape[1]), value=-1)
+            if dense_q is not None:
+                dense_q = torch.nn.functional.pad(dense_q, (0, 0, 0, width - dense_q.shape[1]))
+            for j, i in enumerate(missing):
+                tokens[i] = -1
+                tokens[i, : local.tokens.shape[1]] = local.tokens[j]
+                depth[i] = local.depth[j]
+                sources[i] = "local-ngram"
+                self.opened.pop(reqs[i].rid, None)
+        timing = msg.timing
+        self.last_timing = {
+            "build_s": timing.build_s,
+            "lookup_s": timing.lookup_s,
+            "backup_s": timing.backup_s,
+        }
+        self.last_sources = {req.rid: s for req, s in zip(reqs, sources, strict=True)}
+        return DraftBatch(tokens=tokens, depth=depth, q=dense_q, has_q=has_q, sources=sources)
+
+    def record_outcomes(
+        self, rids: Sequence[str], accept_lens: list[int], bonus: list[int]
+    ) -> None:
+        hits = 0
+        for rid, k, t in zip(rids, accept_lens, bonus, strict=True):
+            if rid in self.opened:
+                self.pending[rid] = (k, t)
+            hits += self.last_sources.get(rid) == "cache"
+        if rids:
+            self.policy.observe(hit_rate=hits / len(rids))
+            if self.last_timing:
+                self.policy.observe(t_spec=self.last_timing["build_s"])
+
+    def close(self, rid: str) -> None:
+        with self._lock:
+            self.pending.pop(rid, None)
+            if self.opened.pop(rid, None) is not None and self.link is not None:
+                try:
+                    self.link.send(Close(rid=rid, reason="finished"))
+                except TransportError as exc:
+                    self._fault(f"close: {exc}")
+
+    def reset(self) -> None:
+        for rid in list(self.opened):
+            self.close(rid)
+
+    # ------------------------------------------------------------ admin
+    def configure(self, **changes: Any) -> dict[str, Any]:
+        """Change β / fan-out / backup at run time (the admin endpoint); returns the settings."""
+        with self._lock:
+            self.config = self.config.replace(**changes)
+            if "backup" in changes:
+                self.policy.mode = (
+                    Backup(changes["backup"]) if changes["backup"] != "auto" else "auto"
+                )
+            if self.link is None:
+                return {"applied_locally": True, **changes}
+            self.link.send(Configure(**changes))
+            ack = self.link.recv_reply(ConfigureAck, self.config.speculator_timeout)
+            return (
+                {}
+                if ack is None
+                else {
+                    "beta": ack.applied.beta,
+                    "fanout_budget": ack.applied.fanout_budget,
+                    "fanout": ack.applied.fanout,
+                    "backup": ack.applied.backup,
+                }
+            )
+
+    def stats(self) -> dict[str, float]:
+        """The speculator's counters plus the client's fault/restart counts."""
+        out: dict[str, float] = {
+            "faults": self.faults,
+            "restarts": self.restarts,
+            "speculator_up": float(self.link is not None),
+        }
+        with self._lock:
+            if self.link is not None:
+                try:
+                    self.link.send(StatsRequest())
+                    reply = self.link.recv_reply(StatsReply, 5.0)
+                    if reply is not None:
+                        out.update(reply.counters)
+                except TransportError as exc:
+                    self._fault(f"stats: {exc}")
+        if self.process is not None:
+            out["speculator_pid"] = float(self.process.pid)
+        return out
+
+    def shutdown(self) -> None:
+        with self._lock:
+            if self.link is not None:
+                self.link.close()
+            if self.process is not None:
+                self.process.stop()
+            self.link = self.process = None
+
+
+def _sampling_spec(req: Any) -> SamplingSpec:
+    """The request's sampling options in the protocol's terms (greedy → top_k 1)."""
+    sp = req.sampling_params
+    top_k = int(sp.top_k)
+    if top_k < 0 or top_k >= (1 << 20):
+        top_k = -1
+    seed = getattr(sp, "sampling_seed", None)
+    return SamplingSpec(
+        temperature=float(sp.temperature),
+        top_k=top_k,
+        top_p=float(sp.top_p),
+        seed=None if seed is None else int(seed),
+    )

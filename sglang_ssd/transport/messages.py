@@ -1,0 +1,324 @@
+"""Control messages between the target-side SSD worker and the speculator process.
+
+Every message is a frozen msgspec Struct tagged by its ``type`` field and travels as one msgpack
+frame over ZMQ (`control.py`); tensors never do (`tensor_link.py`). The decoder is the only way
+bytes become messages and is safe on untrusted input: anything malformed, unknown or out of range
+raises `msgspec.ValidationError` / `msgspec.DecodeError`, never anything else, and never
+unpickles. Field ranges are msgspec `Meta` constraints (checked on decode); cross-field rules live
+in ``__post_init__`` (checked on construction *and* decode). `encode` re-decodes what it produced,
+so a sender cannot put a frame on the wire that the peer would reject.
+
+Bump `PROTOCOL_VERSION` on any change to these types; `Hello`/`HelloAck` must stay decodable
+across versions so a mismatch is reported clearly instead of timing out.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta
+
+from sglang_ssd.config import BackupChoice, FanoutShape
+
+PROTOCOL_VERSION = 1
+
+MAX_ID = 2**63 - 1
+MAX_TOKEN_ID = 2**31 - 1
+MAX_DEPTH = 1024  # draft tokens per row; far above any lookahead γ in use
+MAX_VOCAB = 2**24
+MAX_BATCH = 65536  # requests per Step / entries per Drafts
+MAX_TENSOR_BYTES = 2**32  # tokens + q per Drafts; bounds what a receiver allocates
+
+Id = Annotated[int, Meta(ge=0, le=MAX_ID)]
+TokenId = Annotated[int, Meta(ge=0, le=MAX_TOKEN_ID)]
+Rid = Annotated[str, Meta(min_length=1, max_length=256)]
+Text = Annotated[str, Meta(max_length=4096)]
+Seconds = Annotated[float, Meta(ge=0.0)]
+Role = Literal["target", "speculator"]
+StepBackup = Literal["jit", "ngram", "random"]
+DraftSource = Literal["cache", "jit", "ngram", "random", "missing"]
+QDtype = Literal["float32", "bfloat16", "float16"]
+
+
+class TransportError(RuntimeError):
+    """The SSD link failed: handshake rejected, peer gone, tensor transfer failed."""
+
+
+class TransportTimeout(TransportError, TimeoutError):
+    """A wait on the SSD link ran past its timeout."""
+
+
+class RemoteError(TransportError):
+    """The peer answered with an `Error` message; ``reason`` is its text."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"peer reported an error: {reason}")
+        self.reason = reason
+
+
+class _Struct(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Payload pieces nested inside messages (untagged)."""
+
+
+class _Message(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="type"):
+    """Base of every top-level message; the ``type`` tag selects the class on decode."""
+
+
+def _unique(what: str, rids: list[str]) -> None:
+    if len(set(rids)) != len(rids):
+        raise ValueError(f"{what} names a request more than once")
+
+
+def _finite(what: str, value: float) -> None:
+    if not math.isfinite(value):
+        raise ValueError(f"{what} must be finite, got {value}")
+
+
+# Handshake. Unknown fields are allowed here (only here) so that a peer speaking another
+# protocol version still decodes these two and gets a clear "version mismatch".
+class Hello(_Message, tag="hello", forbid_unknown_fields=False):
+    """Speculator → target, first message: who is connecting.
+
+    version: the speculator's `PROTOCOL_VERSION`; role: always "speculator" today; pid: its
+    process id; session: the token from the `LinkAddress` it was started with.
+    """
+
+    version: Annotated[int, Meta(ge=0)]
+    role: Role
+    pid: Annotated[int, Meta(ge=0)]
+    session: Rid
+
+
+class HelloAck(_Message, tag="hello_ack", forbid_unknown_fields=False):
+    """Target → speculator: the handshake verdict; ``reason`` says why when not accepted."""
+
+    version: Annotated[int, Meta(ge=0)]
+    accepted: bool
+    reason: Text = ""
+
+
+class SamplingSpec(_Struct):
+    """A request's sampling options as SGLang stores them.
+
+    temperature ≥ 0 (0 = greedy); top_k = -1 (off) or ≥ 1, as in SGLang; top_p in (0, 1];
+    seed: the request's sampling seed or None.
+    """
+
+    temperature: Annotated[float, Meta(ge=0.0)]
+    top_k: Annotated[int, Meta(ge=-1, le=MAX_VOCAB)]
+    top_p: Annotated[float, Meta(gt=0.0, le=1.0)]
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        _finite("temperature", self.temperature)
+        if self.top_k == 0:
+            raise ValueError("top_k must be -1 (off) or at least 1")
+
+
+class Open(_Message, tag="open"):
+    """Target → speculator: request ``rid`` entered decoding with these tokens (prompt + output)."""
+
+    rid: Rid
+    token_ids: list[TokenId]
+    sampling: SamplingSpec
+
+
+class Close(_Message, tag="close"):
+    """Target → speculator: forget request ``rid`` (finished, aborted or left the batch)."""
+
+    rid: Rid
+    reason: Text = ""
+
+
+class Outcome(_Struct):
+    """Verify result of one request's round ``round_id``: k accepted draft tokens + the bonus."""
+
+    rid: Rid
+    round_id: Id
+    accept_len: Annotated[int, Meta(ge=0, le=MAX_DEPTH)]
+    bonus: TokenId
+
+
+class Step(_Message, tag="step"):
+    """Target → speculator, once per decode round.
+
+    step_id: strictly increasing per link. outcomes: the last round's results; requests: rids (in
+    batch order) that need a draft now; backup: the fallback the target chose for misses.
+    Every Step is answered by exactly one `Drafts` with the same step_id.
+    """
+
+    step_id: Id
+    outcomes: Annotated[list[Outcome], Meta(max_length=MAX_BATCH)]
+    requests: Annotated[list[Rid], Meta(max_length=MAX_BATCH)]
+    backup: StepBackup
+
+    def __post_init__(self) -> None:
+        _unique("Step.outcomes", [o.rid for o in self.outcomes])
+        _unique("Step.requests", self.requests)
+
+
+class DraftEntry(_Struct):
+    """One request's draft in a `Drafts` reply.
+
+    depth: draft tokens in this row (≤ Drafts.max_depth; the rest of the row is -1);
+    has_q: the row's exact q travels in the q tensor. Point-mass drafts (ngram, random) and
+    missing rows carry no q; a missing row has depth 0.
+    """
+
+    rid: Rid
+    round_id: Id
+    source: DraftSource
+    depth: Annotated[int, Meta(ge=0, le=MAX_DEPTH)]
+    has_q: bool
+
+    def __post_init__(self) -> None:
+        if self.has_q and self.source in ("ngram", "random", "missing"):
+            raise ValueError(f"a {self.source} draft has no q")
+        if self.source == "missing" and self.depth != 0:
+            raise ValueError("a missing draft has depth 0")
+
+
+class SpeculatorTiming(_Struct):
+    """Where the speculator's time went since the previous Drafts, in seconds."""
+
+    build_s: Seconds = 0.0
+    lookup_s: Seconds = 0.0
+    backup_s: Seconds = 0.0
+    idle_s: Seconds = 0.0
+
+    def __post_init__(self) -> None:
+        for name in self.__struct_fields__:
+            _finite(name, getattr(self, name))
+
+
+class Drafts(_Message, tag="drafts"):
+    """Speculator → target: the drafts for Step ``step_id``, one entry per requested rid, in order.
+
+    The tensors follow on the tensor link: tokens int64 [len(entries), max_depth] (-1 padded)
+    and, when any entry has_q, q of `q_dtype` [n_q, max_depth, vocab_size] for those rows in
+    entry order.
+    """
+
+    step_id: Id
+    entries: Annotated[list[DraftEntry], Meta(max_length=MAX_BATCH)]
+    max_depth: Annotated[int, Meta(ge=0, le=MAX_DEPTH)]
+    vocab_size: Annotated[int, Meta(ge=1, le=MAX_VOCAB)]
+    q_dtype: QDtype = "float32"
+    timing: SpeculatorTiming = msgspec.field(default_factory=SpeculatorTiming)
+
+    def __post_init__(self) -> None:
+        _unique("Drafts.entries", [e.rid for e in self.entries])
+        for entry in self.entries:
+            if entry.depth > self.max_depth:
+                raise ValueError(f"entry {entry.rid}: depth {entry.depth} > {self.max_depth}")
+        if self.tensor_bytes() > MAX_TENSOR_BYTES:
+            raise ValueError(f"Drafts tensors exceed {MAX_TENSOR_BYTES} bytes")
+
+    @property
+    def n_q(self) -> int:
+        """Rows that carry q."""
+        return sum(entry.has_q for entry in self.entries)
+
+    def tensor_bytes(self) -> int:
+        """Bytes of tokens + q this message announces."""
+        q_item = 4 if self.q_dtype == "float32" else 2
+        q_bytes = self.n_q * self.max_depth * self.vocab_size * q_item
+        return len(self.entries) * self.max_depth * 8 + q_bytes
+
+
+class Configure(_Message, tag="configure"):
+    """Target → speculator: change settings at run time; None leaves a setting as it is."""
+
+    beta: Annotated[float, Meta(gt=0.0, le=1.0)] | None = None
+    fanout_budget: Annotated[int, Meta(ge=0, le=MAX_VOCAB)] | None = None
+    fanout: FanoutShape | None = None
+    backup: BackupChoice | None = None
+
+
+class SpeculatorSettings(_Struct):
+    """The speculator's effective settings (see `SSDConfig` for their meaning)."""
+
+    beta: Annotated[float, Meta(gt=0.0, le=1.0)]
+    fanout_budget: Annotated[int, Meta(ge=0, le=MAX_VOCAB)]
+    fanout: FanoutShape
+    backup: BackupChoice
+
+
+class ConfigureAck(_Message, tag="configure_ack"):
+    """Speculator → target: the settings in force after applying a `Configure`."""
+
+    applied: SpeculatorSettings
+
+
+class StatsRequest(_Message, tag="stats"):
+    """Target → speculator: ask for its counters."""
+
+
+class StatsReply(_Message, tag="stats_reply"):
+    """Speculator → target: named counters (hits, misses, seconds, ...)."""
+
+    counters: dict[Annotated[str, Meta(max_length=256)], float]
+
+
+class Shutdown(_Message, tag="shutdown"):
+    """Target → speculator: close the link and exit."""
+
+
+class Error(_Message, tag="error"):
+    """Either direction: a request could not be served; ``reason`` says why."""
+
+    reason: Text
+
+
+Message = (
+    Hello
+    | HelloAck
+    | Open
+    | Close
+    | Step
+    | Drafts
+    | Configure
+    | ConfigureAck
+    | StatsRequest
+    | StatsReply
+    | Shutdown
+    | Error
+)
+MESSAGE_TYPES: tuple[type, ...] = Message.__args__
+
+_decoder = msgspec.msgpack.Decoder(Message)
+_encoder = msgspec.msgpack.Encoder()
+
+
+def decode(frame: bytes) -> Message:
+    """Decode one frame.
+
+    Raises:
+        msgspec.DecodeError: not msgpack, or (`msgspec.ValidationError`, a subclass) not a valid
+            message: unknown tag or field, wrong type, out-of-range value, broken cross-field rule.
+    """
+    try:
+        return _decoder.decode(frame)
+    except msgspec.DecodeError:
+        raise
+    except Exception as err:  # e.g. UnicodeDecodeError for a garbled tag (found by the fuzz)
+        raise msgspec.DecodeError(f"{type(err).__name__}: {err}") from err
+
+
+def encode(msg: Message) -> bytes:
+    """Encode one message, checked by decoding it back.
+
+    Raises:
+        TypeError: ``msg`` is not a message.
+        ValueError: a field breaks its constraint (e.g. a negative id set at construction).
+    """
+    if not isinstance(msg, MESSAGE_TYPES):
+        raise TypeError(f"not a control message: {type(msg).__name__}")
+    frame = _encoder.encode(msg)
+    try:
+        _decoder.decode(frame)
+    except msgspec.DecodeError as err:
+        raise ValueError(f"invalid {type(msg).__name__}: {err}") from err
+    return frame

@@ -1,0 +1,121 @@
+"""The speculator's round on a tiny random model: JIT drafts, glue/fork/tree decode, cache hits.
+
+For greedy requests the draft is a deterministic function of the committed tokens, so a cache hit
+must hand out exactly the draft a fresh just-in-time drafter would produce for the same prefix —
+that checks the branch KV, the tree mask, the RoPE positions and the slot bookkeeping at once.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from sglang_ssd.config import SSDConfig
+from sglang_ssd.speculator.draft_model import DraftModel
+from sglang_ssd.speculator.engine import OutcomeIn, SpeculatorEngine
+
+PROMPT = [40, 71, 72, 73, 0, 5, 9, 71, 72, 33, 34]
+
+
+def _engine(path, **config) -> SpeculatorEngine:
+    model = DraftModel.load(path, dtype=torch.float32, num_slots=4096)
+    cfg = SSDConfig(lookahead=4, fanout_budget=6, **config)
+    return SpeculatorEngine(model, cfg, seed=0)
+
+
+def _hf_greedy(path, tokens: list[int], n: int) -> list[int]:
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    ids = torch.tensor([tokens])
+    out = model.generate(ids, max_new_tokens=n, do_sample=False, pad_token_id=0)
+    return out[0, len(tokens) :].tolist()
+
+
+def test_jit_greedy_draft_is_the_draft_models_greedy_continuation(tiny_draft):
+    engine = _engine(tiny_draft)
+    engine.open("r", PROMPT, temperature=0.0, top_k=1, top_p=1.0)
+    (draft,) = engine.serve(["r"], backup="jit", depth=4)
+    assert draft.source == "jit" and draft.q is None
+    assert draft.tokens == _hf_greedy(tiny_draft, PROMPT, 4)
+
+
+def test_build_runs_one_forward_for_glue_and_one_per_tree_depth(tiny_draft):
+    engine = _engine(tiny_draft, tree_depth=3)
+    engine.open("a", PROMPT, temperature=0.0, top_k=1, top_p=1.0)
+    engine.open("b", PROMPT[:7], temperature=0.7, top_k=-1, top_p=1.0)
+    engine.serve(["a", "b"], backup="jit", depth=4)
+    before = engine.model.forward_count
+    engine.build(["a", "b"])
+    assert engine.model.forward_count - before == 1 + 3
+    for rid in ("a", "b"):
+        branches = engine.requests[rid].branches
+        assert branches is not None and len(branches.ks) == 6
+        assert branches.slots.shape == (6, 3)
+
+
+@pytest.mark.parametrize("use_k", [0, 2, 4])
+def test_cache_hit_equals_fresh_jit_draft_for_greedy(tiny_draft, use_k):
+    engine = _engine(tiny_draft, fanout="uniform")
+    engine.open("r", PROMPT, temperature=0.0, top_k=1, top_p=1.0)
+    (draft,) = engine.serve(["r"], backup="jit", depth=4)
+    engine.build(["r"])
+    state = engine.requests["r"]
+    rows = [i for i, k in enumerate(state.branches.ks) if k == use_k]
+    assert rows, f"uniform fan-out must fork at k={use_k}"
+    bonus = state.branches.bonus[rows[0]]
+    committed = PROMPT + draft.tokens[:use_k] + [bonus]
+
+    engine.apply_outcomes([OutcomeIn("r", use_k, bonus)])
+    hit = engine.requests["r"].draft
+    assert hit is not None and hit.source == "cache"
+
+    fresh = _engine(tiny_draft)
+    fresh.open("r", committed[:-1], temperature=0.0, top_k=1, top_p=1.0)
+    fresh.apply_outcomes([OutcomeIn("r", 0, committed[-1])])
+    (expected,) = fresh.serve(["r"], backup="jit", depth=4)
+    assert hit.tokens == expected.tokens
+    assert engine.requests["r"].committed == committed
+
+
+def test_miss_frees_branches_and_falls_back(tiny_draft):
+    engine = _engine(tiny_draft)
+    engine.open("r", PROMPT, temperature=0.0, top_k=1, top_p=1.0)
+    engine.serve(["r"], backup="jit", depth=4)
+    engine.build(["r"])
+    used_with_branches = engine.num_used_slots()
+    state = engine.requests["r"]
+    unseen = next(
+        t
+        for t in range(90)
+        if (4, t) not in zip(state.branches.ks, state.branches.bonus, strict=False)
+    )
+    engine.apply_outcomes([OutcomeIn("r", 4, unseen)])
+    assert engine.requests["r"].draft is None
+    assert engine.num_used_slots() < used_with_branches
+    (draft,) = engine.serve(["r"], backup="ngram", depth=4)
+    assert draft.source == "ngram" and len(draft.tokens) == 4
+    engine.build(["r"])  # glue over a point-mass draft fills every fork point
+    assert engine.requests["r"].branches is not None
+
+
+def test_sampled_drafts_carry_exact_q_and_close_frees_everything(tiny_draft):
+    engine = _engine(tiny_draft, beta=0.5)
+    engine.open("s", PROMPT, temperature=0.8, top_k=-1, top_p=0.95)
+    (draft,) = engine.serve(["s"], backup="jit", depth=4)
+    assert draft.q is not None and draft.q.shape == (4, engine.vocab_size)
+    assert torch.allclose(draft.q.sum(-1), torch.ones(4), atol=1e-5)
+    assert all(float(draft.q[j, t]) > 0 for j, t in enumerate(draft.tokens))
+    engine.build(["s"])
+    engine.apply_outcomes([OutcomeIn("s", 1, engine.requests["s"].branches.bonus[0])])
+    engine.close("s")
+    assert engine.num_used_slots() == 0
+    assert len(engine.cache) == 0
+
+
+def test_bad_outcome_is_reported_not_raised(tiny_draft):
+    engine = _engine(tiny_draft)
+    engine.open("r", PROMPT, temperature=0.0, top_k=1, top_p=1.0)
+    engine.serve(["r"], backup="jit", depth=4)
+    assert engine.apply_outcomes([OutcomeIn("r", 9, 3), OutcomeIn("zz", 0, 1)]) == ["r", "zz"]
+    assert "r" not in engine.requests
+    assert engine.num_used_slots() == 0

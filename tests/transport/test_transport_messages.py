@@ -1,0 +1,190 @@
+"""Control messages: round trips, validation rules and a decoder fuzz (no pickle, no crash)."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sglang_ssd.transport import messages as m
+
+SAMPLING = m.SamplingSpec(temperature=0.7, top_k=-1, top_p=0.95, seed=7)
+DRAFTS = m.Drafts(
+    step_id=3,
+    entries=[
+        m.DraftEntry(rid="a", round_id=2, source="cache", depth=4, has_q=True),
+        m.DraftEntry(rid="b", round_id=2, source="ngram", depth=2, has_q=False),
+        m.DraftEntry(rid="c", round_id=0, source="missing", depth=0, has_q=False),
+    ],
+    max_depth=4,
+    vocab_size=151936,
+    q_dtype="bfloat16",
+    timing=m.SpeculatorTiming(build_s=0.5, lookup_s=1e-4, backup_s=0.0, idle_s=0.2),
+)
+EXAMPLES: list[m.Message] = [
+    m.Hello(version=m.PROTOCOL_VERSION, role="speculator", pid=123, session="s"),
+    m.HelloAck(version=m.PROTOCOL_VERSION, accepted=False, reason="version mismatch"),
+    m.Open(rid="a", token_ids=[1, 2, 151935], sampling=SAMPLING),
+    m.Open(rid="g", token_ids=[], sampling=m.SamplingSpec(0.0, 1, 1.0, None)),
+    m.Close(rid="a", reason="finished"),
+    m.Step(
+        step_id=4,
+        outcomes=[m.Outcome(rid="a", round_id=2, accept_len=3, bonus=9)],
+        requests=["a", "b"],
+        backup="ngram",
+    ),
+    DRAFTS,
+    m.Configure(beta=0.5, fanout_budget=20, fanout="uniform", backup="auto"),
+    m.Configure(),
+    m.ConfigureAck(applied=m.SpeculatorSettings(1.0, 8, "geometric", "jit")),
+    m.StatsRequest(),
+    m.StatsReply(counters={"hits": 3, "hit_rate": 0.75}),
+    m.Shutdown(),
+    m.Error(reason="unknown request"),
+]
+
+
+@pytest.mark.parametrize("msg", EXAMPLES, ids=lambda msg: type(msg).__name__)
+def test_round_trip(msg: m.Message) -> None:
+    decoded = m.decode(m.encode(msg))
+    assert decoded == msg and type(decoded) is type(msg)
+
+
+def test_every_message_type_has_an_example() -> None:
+    assert {type(msg) for msg in EXAMPLES} == set(m.MESSAGE_TYPES)
+
+
+def test_drafts_counts_q_rows_and_bytes() -> None:
+    assert DRAFTS.n_q == 1
+    assert DRAFTS.tensor_bytes() == 3 * 4 * 8 + 1 * 4 * 151936 * 2
+
+
+def _as_dict(msg: m.Message) -> dict:
+    return msgspec.to_builtins(msg)
+
+
+def _patched(msg: m.Message, path: tuple, value: object) -> bytes:
+    obj = _as_dict(msg)
+    node = obj
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return msgspec.msgpack.encode(obj)
+
+
+OUT_OF_RANGE = [
+    (EXAMPLES[5], ("step_id",), -1),
+    (EXAMPLES[5], ("outcomes", 0, "accept_len"), -2),
+    (EXAMPLES[5], ("outcomes", 0, "bonus"), 2**40),
+    (EXAMPLES[5], ("backup",), "greedy"),
+    (EXAMPLES[5], ("requests",), ["a", "a"]),
+    (EXAMPLES[5], ("requests",), [""]),
+    (EXAMPLES[2], ("token_ids",), [1, -5]),
+    (EXAMPLES[2], ("sampling", "top_p"), 0.0),
+    (EXAMPLES[2], ("sampling", "top_k"), 0),
+    (EXAMPLES[2], ("sampling", "temperature"), float("nan")),
+    (EXAMPLES[2], ("sampling", "temperature"), float("inf")),
+    (DRAFTS, ("entries", 0, "depth"), 5),  # > max_depth
+    (DRAFTS, ("entries", 0, "depth"), -1),
+    (DRAFTS, ("entries", 1, "has_q"), True),  # an n-gram draft has no q
+    (DRAFTS, ("entries", 2, "depth"), 1),  # a missing draft has depth 0
+    (DRAFTS, ("entries", 0, "source"), "oracle"),
+    (DRAFTS, ("q_dtype",), "float64"),
+    (DRAFTS, ("vocab_size",), 0),
+    (DRAFTS, ("vocab_size",), 2**24 + 1),
+    (DRAFTS, ("timing", "idle_s"), -0.1),
+    (EXAMPLES[7], ("beta",), 0.0),
+    (EXAMPLES[7], ("fanout",), "triangular"),
+    (EXAMPLES[0], ("role",), "client"),
+    (EXAMPLES[5], ("extra",), 1),  # unknown field
+    (EXAMPLES[5], ("type",), "steps"),  # unknown tag
+]
+
+
+@pytest.mark.parametrize("msg,path,value", OUT_OF_RANGE, ids=lambda x: str(x)[:20])
+def test_decoder_rejects_bad_values(msg: m.Message, path: tuple, value: object) -> None:
+    with pytest.raises(msgspec.ValidationError):
+        m.decode(_patched(msg, path, value))
+
+
+def test_construction_and_encode_check_values() -> None:
+    with pytest.raises(ValueError, match="has no q"):
+        m.DraftEntry(rid="a", round_id=0, source="random", depth=1, has_q=True)
+    with pytest.raises(ValueError, match="more than once"):
+        m.Step(step_id=0, outcomes=[], requests=["a", "a"], backup="jit")
+    with pytest.raises(ValueError, match="invalid Step"):
+        m.encode(m.Step(step_id=-1, outcomes=[], requests=[], backup="jit"))
+    with pytest.raises(TypeError):
+        m.encode({"type": "shutdown"})  # only Structs go on the wire
+    big = [
+        m.DraftEntry(rid=str(i), round_id=0, source="jit", depth=8, has_q=True) for i in range(9)
+    ]
+    with pytest.raises(ValueError, match="exceed"):
+        m.Drafts(step_id=0, entries=big, max_depth=8, vocab_size=2**24)
+
+
+def test_hello_stays_decodable_across_versions() -> None:
+    future = _as_dict(EXAMPLES[0]) | {"version": 99, "capabilities": ["x"]}
+    hello = m.decode(msgspec.msgpack.encode(future))
+    assert isinstance(hello, m.Hello) and hello.version == 99
+
+
+# --- fuzz ---------------------------------------------------------------------------------
+
+builtins_ = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats()
+    | st.text()
+    | st.binary(),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+TAGS = [cls.__struct_config__.tag for cls in m.MESSAGE_TYPES]
+
+
+def _shaped_like(draw: st.DrawFn) -> dict:
+    """A valid message's dict with one field replaced by a random value (wrong type or range)."""
+    obj = _as_dict(draw(st.sampled_from(EXAMPLES)))
+    if len(obj) > 1:
+        key = draw(st.sampled_from(sorted(k for k in obj if k != "type")))
+        obj[key] = draw(builtins_)
+    return obj
+
+
+@st.composite
+def bad_frames(draw: st.DrawFn) -> tuple[str, bytes]:
+    """(kind, frame): random bytes, garbled or truncated msgpack, wrong shapes, unknown tags."""
+    kind = draw(st.sampled_from(["bytes", "truncated", "flipped", "shape", "tag", "structure"]))
+    valid = m.encode(draw(st.sampled_from(EXAMPLES)))
+    if kind == "bytes":
+        return kind, draw(st.binary(max_size=64))
+    if kind == "truncated":
+        return kind, valid[: draw(st.integers(0, len(valid) - 1))]
+    if kind == "flipped":
+        pos = draw(st.integers(0, len(valid) - 1))
+        flip = draw(st.integers(1, 255))
+        return kind, valid[:pos] + bytes([valid[pos] ^ flip]) + valid[pos + 1 :]
+    if kind == "shape":
+        return kind, msgspec.msgpack.encode(_shaped_like(draw))
+    if kind == "tag":
+        tag = draw(st.text(max_size=12).filter(lambda t: t not in TAGS))
+        return kind, msgspec.msgpack.encode({**_as_dict(EXAMPLES[5]), "type": tag})
+    return kind, msgspec.msgpack.encode(draw(builtins_))
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(bad_frames())
+def test_decoder_fuzz(case: tuple[str, bytes]) -> None:
+    """The decoder raises DecodeError (nothing else) or yields a message that re-encodes."""
+    kind, frame = case
+    try:
+        msg = m.decode(frame)
+    except msgspec.DecodeError:
+        return
+    assert kind in ("flipped", "shape", "structure"), f"{kind} frame decoded: {frame!r}"
+    assert m.decode(m.encode(msg)) == msg
