@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from sglang_ssd.config import SSDConfig, SSDConfigError, add_ssd_args
 
-DEFAULT_ALGORITHM = "STANDALONE"
+DEFAULT_ALGORITHM = "SSD"
 DEFAULT_LOOKAHEAD = 4
 CPU_MAX_TOTAL_TOKENS = 32768
 # Algorithms that need a draft model path.

@@ -1,0 +1,116 @@
+"""`SSDConfig` validation and the launcher's argument handling (no servers started)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from sglang_ssd.config import SSDConfig, SSDConfigError, add_ssd_args, parse_cpu_list
+from sglang_ssd.launch_server import apply_defaults, build_config, split_args
+
+
+def test_defaults_are_valid_and_round_trip_through_env():
+    config = SSDConfig()
+    env: dict[str, str] = {}
+    config.to_env(env)
+    assert SSDConfig.from_env(env) == config
+    assert SSDConfig.from_env({}) is None
+    assert config.depth == config.lookahead
+
+
+@pytest.mark.parametrize(
+    ("changes", "needle"),
+    [
+        ({"beta": 0.0}, "--ssd-beta"),
+        ({"beta": 1.5}, "--ssd-beta"),
+        ({"tree_depth": 5}, "--ssd-tree-depth"),
+        ({"tree_depth": 0}, "--ssd-tree-depth"),
+        ({"mode": "turbo"}, "--ssd-mode"),
+        ({"fanout": "cubic"}, "--ssd-fanout"),
+        ({"backup": "oracle"}, "--ssd-backup"),
+        ({"fanout_budget": -1}, "--ssd-fanout-budget"),
+        ({"batch_threshold": 0}, "--ssd-batch-threshold"),
+        ({"draft_device": "tpu:0"}, "--ssd-draft-device"),
+        ({"speculator_timeout": 0.0}, "--ssd-speculator-timeout"),
+        ({"lookahead": 0}, "--speculative-num-steps"),
+        ({"draft_device": "cuda:1", "draft_cpus": (1,)}, "--ssd-draft-cpus"),
+    ],
+)
+def test_invalid_values_name_their_flag(changes, needle):
+    with pytest.raises(SSDConfigError, match=needle):
+        SSDConfig(**changes)
+
+
+def test_unknown_json_key_is_refused():
+    with pytest.raises(SSDConfigError, match="unknown"):
+        SSDConfig.from_json('{"lookahead": 4, "warp": 9}')
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"), [("1", (1,)), ("0-3", (0, 1, 2, 3)), ("3,1-2", (1, 2, 3))]
+)
+def test_cpu_lists(text, expected):
+    assert parse_cpu_list(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "a", "3-1", "1,,2", "-1"])
+def test_bad_cpu_lists(text):
+    with pytest.raises(SSDConfigError):
+        parse_cpu_list(text)
+
+
+def test_split_args_separates_ssd_flags_and_keeps_sglang_order():
+    ns, rest = split_args(
+        ["--port", "1", "--ssd-beta", "0.5", "--model-path", "m", "--ssd-draft-cpus=1"]
+    )
+    assert rest == ["--port", "1", "--model-path", "m"]
+    assert ns.ssd_beta == 0.5 and ns.ssd_draft_cpus == (1,)
+
+
+def test_unknown_ssd_flag_refuses_startup(capsys):
+    with pytest.raises(SystemExit) as exc:
+        split_args(["--ssd-warp", "9"])
+    assert exc.value.code == 2
+    assert "--ssd-warp" in capsys.readouterr().err
+
+
+def test_bad_ssd_value_refuses_startup():
+    with pytest.raises(SystemExit):
+        split_args(["--ssd-mode", "turbo"])
+
+
+def test_speculative_algorithm_none_is_dropped():
+    """SGLang 0.5.23 crashes on the first finished request when NONE is passed explicitly."""
+    argv = apply_defaults(
+        ["--model-path", "m", "--speculative-algorithm", "NONE"], cuda=True, environ={}
+    )
+    assert "--speculative-algorithm" not in argv
+
+
+def test_cpu_defaults_and_gamma_copied_into_config():
+    env: dict[str, str] = {}
+    argv = apply_defaults(
+        ["--model-path", "t", "--speculative-algorithm", "ssd",
+         "--speculative-draft-model-path", "d", "--speculative-num-steps", "3"],
+        cuda=False,
+        environ=env,
+    )
+    assert env["SGLANG_USE_CPU_ENGINE"] == "1"
+    for flag, value in [("--device", "cpu"), ("--attention-backend", "intel_amx"),
+                        ("--speculative-algorithm", "SSD"),
+                        ("--speculative-num-draft-tokens", "4"),
+                        ("--speculative-eagle-topk", "1")]:
+        assert argv[argv.index(flag) + 1] == value
+    parser = argparse.ArgumentParser()
+    add_ssd_args(parser)
+    config = build_config(parser.parse_args(["--ssd-tree-depth", "2"]), argv)
+    assert config.lookahead == 3 and config.depth == 2
+
+
+def test_tree_depth_above_gamma_refused():
+    parser = argparse.ArgumentParser()
+    add_ssd_args(parser)
+    with pytest.raises(SSDConfigError, match="--ssd-tree-depth"):
+        build_config(parser.parse_args(["--ssd-tree-depth", "5"]),
+                     ["--speculative-num-steps", "4"])
