@@ -15,13 +15,16 @@ _loaded = False
 
 
 def load() -> None:
-    """Entry point: enable SGLang's speculative path on AMX-less CPUs and register `SSD`."""
+    """Entry point: enable SGLang's speculative path on AMX-less CPUs, register `SSD` and
+    its API hooks (request checks, admin endpoints, metrics; they act only on SSD servers)."""
     global _loaded
     if _loaded:
         return
     _loaded = True
+    from sglang_ssd.integration import hooks
     from sglang_ssd.integration.cpu_platform import enable_cpu_speculative_backend
     from sglang_ssd.integration.registration import register_ssd
 
     enable_cpu_speculative_backend()
     register_ssd()
+    hooks.install()

@@ -27,6 +27,7 @@ from sglang.srt.speculative.ngram_info import NgramVerifyInput
 from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcache
 
 from sglang_ssd.config import SSDConfig
+from sglang_ssd.integration.request_metrics import count_request_rounds
 from sglang_ssd.saguaro import SamplingBatch
 from sglang_ssd.target.metrics import RoundTimer
 from sglang_ssd.target.provider import DraftProvider, make_provider
@@ -112,6 +113,7 @@ class SSDWorker(BaseSpecWorker):
         return self._extend(batch, on_publish)
 
     def _extend(self, batch: ScheduleBatch, on_publish: Any) -> GenerationBatchResult:
+        self.provider.prepare(batch.reqs)
         result = self._target_worker.forward_batch_generation(batch)
         bs = len(batch.reqs)
         predict = result.next_token_ids
@@ -213,6 +215,7 @@ class SSDWorker(BaseSpecWorker):
             accept_len=verified.accept_len,
             sources=drafts.sources,
         )
+        count_request_rounds(batch.reqs, drafts.sources)
         return GenerationBatchResult(
             logits_output=logits_output,
             next_token_ids=accept_tokens,

@@ -91,16 +91,27 @@ def test_speculative_algorithm_none_is_dropped():
 def test_cpu_defaults_and_gamma_copied_into_config():
     env: dict[str, str] = {}
     argv = apply_defaults(
-        ["--model-path", "t", "--speculative-algorithm", "ssd",
-         "--speculative-draft-model-path", "d", "--speculative-num-steps", "3"],
+        [
+            "--model-path",
+            "t",
+            "--speculative-algorithm",
+            "ssd",
+            "--speculative-draft-model-path",
+            "d",
+            "--speculative-num-steps",
+            "3",
+        ],
         cuda=False,
         environ=env,
     )
     assert env["SGLANG_USE_CPU_ENGINE"] == "1"
-    for flag, value in [("--device", "cpu"), ("--attention-backend", "intel_amx"),
-                        ("--speculative-algorithm", "SSD"),
-                        ("--speculative-num-draft-tokens", "4"),
-                        ("--speculative-eagle-topk", "1")]:
+    for flag, value in [
+        ("--device", "cpu"),
+        ("--attention-backend", "intel_amx"),
+        ("--speculative-algorithm", "SSD"),
+        ("--speculative-num-draft-tokens", "4"),
+        ("--speculative-eagle-topk", "1"),
+    ]:
         assert argv[argv.index(flag) + 1] == value
     parser = argparse.ArgumentParser()
     add_ssd_args(parser)
@@ -112,5 +123,4 @@ def test_tree_depth_above_gamma_refused():
     parser = argparse.ArgumentParser()
     add_ssd_args(parser)
     with pytest.raises(SSDConfigError, match="--ssd-tree-depth"):
-        build_config(parser.parse_args(["--ssd-tree-depth", "5"]),
-                     ["--speculative-num-steps", "4"])
+        build_config(parser.parse_args(["--ssd-tree-depth", "5"]), ["--speculative-num-steps", "4"])

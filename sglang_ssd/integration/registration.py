@@ -104,3 +104,8 @@ def validate_ssd_server_args(server_args: ServerArgs) -> None:
         raise ValueError("SSD drafts a chain: --speculative-eagle-topk must be 1")
     if cfg.tp_size != 1 or cfg.pp_size != 1 or cfg.dp_size != 1:
         raise ValueError("SSD supports tp/pp/dp size 1 on the target")
+    if getattr(cfg, "enable_watermark", False):
+        raise ValueError(
+            "--enable-watermark changes the target distribution in SGLang's sampler, which SSD "
+            "does not use: SSD cannot apply it exactly"
+        )

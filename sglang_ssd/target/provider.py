@@ -24,6 +24,10 @@ def request_tokens(req: Any) -> list[int]:
 
 
 class DraftProvider(Protocol):
+    def prepare(self, reqs: Sequence[Any]) -> None:
+        """`reqs` are about to be prefilled (lets the speculator prefill in parallel)."""
+        ...
+
     def drafts(self, reqs: Sequence[Any]) -> DraftBatch:
         """Drafts for `reqs` (SGLang `Req`s, batch order)."""
         ...
@@ -57,6 +61,9 @@ class LocalNgramProvider:
     def __init__(self, lookahead: int) -> None:
         self.lookahead = lookahead
         self.ngram = NgramSpeculator()
+
+    def prepare(self, reqs: Sequence[Any]) -> None:
+        pass
 
     def drafts(self, reqs: Sequence[Any]) -> DraftBatch:
         return ngram_drafts(self.ngram, [request_tokens(r) for r in reqs], self.lookahead)

@@ -190,18 +190,33 @@ class SpeculatorClient:
                 self._fault(f"{type(exc).__name__}: {exc}")
                 return self.local.drafts(reqs)
 
+    def prepare(self, reqs: Sequence[Any]) -> None:
+        """Open requests entering prefill, so the speculator prefills their prompts while the
+        target does (their first sampled token then arrives as an outcome with k = 0)."""
+        with self._lock:
+            if self.link is None:
+                return
+            try:
+                for req in reqs:
+                    if req.rid not in self.opened:
+                        prompt = list(req.origin_input_ids)
+                        self.link.send(
+                            Open(rid=req.rid, token_ids=prompt, sampling=_sampling_spec(req))
+                        )
+                        self.opened[req.rid] = len(prompt)
+            except TransportError as exc:
+                self._fault(f"open: {exc}")
+
     def _remote_drafts(self, reqs: Sequence[Any]) -> DraftBatch:
         link = self.link
         outcomes = []
         for req in reqs:
             tokens = request_tokens(req)
             known = self.opened.get(req.rid)
-            pending = self.pending.pop(req.rid, None)
-            if known is not None and pending is not None and known + pending[0] + 1 == len(tokens):
-                outcomes.append(
-                    Outcome(rid=req.rid, round_id=0, accept_len=pending[0], bonus=pending[1])
-                )
-            elif known is None or known != len(tokens):
+            k, bonus = self.pending.pop(req.rid, (0, tokens[-1]))
+            if known is not None and known + k + 1 == len(tokens) and tokens[-1] == bonus:
+                outcomes.append(Outcome(rid=req.rid, round_id=0, accept_len=k, bonus=bonus))
+            elif known != len(tokens):
                 if known is not None:
                     link.send(Close(rid=req.rid, reason="resync"))
                 link.send(Open(rid=req.rid, token_ids=tokens, sampling=_sampling_spec(req)))

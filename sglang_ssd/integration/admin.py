@@ -1,0 +1,258 @@
+"""The SSD admin endpoints: `GET/POST /ssd/config` and `GET /ssd/stats`.
+
+SGLang's HTTP server runs in the main process, the `SSDWorker` in the scheduler subprocess.
+The bridge is a ZMQ REP socket that the scheduler binds once its SSD worker exists
+(`AdminServer`, a daemon thread), on an ipc:// path both processes derive from the server's
+`PortArgs.instance_id` (`admin_address`). Requests and replies are small JSON objects, never
+pickle. The main process adds the routes to SGLang's FastAPI app and forwards each call
+(`add_routes`). Live changes go through `SpeculatorClient.configure`, which validates them via
+`SSDConfig`, takes the client's lock (so they land between rounds) and tells the speculator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import tempfile
+import threading
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+# Settings that can change at run time, with the JSON types each accepts.
+LIVE_SETTINGS: dict[str, tuple[type, ...]] = {
+    "beta": (int, float),
+    "fanout_budget": (int,),
+    "fanout": (str,),
+    "backup": (str,),
+}
+REPLY_TIMEOUT_S = 75.0  # the client may wait a round plus `--ssd-speculator-timeout` for an ack
+
+
+class AdminError(Exception):
+    """An admin call that fails with an HTTP status and a message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def admin_address(port_args: Any) -> str:
+    """The ipc:// address of the admin socket of the server that owns `port_args`."""
+    tag = getattr(port_args, "instance_id", None) or str(os.getpid())
+    return f"ipc://{os.path.join(tempfile.gettempdir(), f'sglang-ssd-admin-{tag}')}"
+
+
+def validate_changes(body: Any) -> dict[str, Any]:
+    """Check a `POST /ssd/config` body's shape and types; `SSDConfig` checks the values.
+
+    Raises:
+        AdminError: 400 for a non-object, an empty object, unknown keys or wrong types.
+    """
+    if not isinstance(body, dict) or not body:
+        raise AdminError(
+            400, f"expected a JSON object with some of {sorted(LIVE_SETTINGS)}, got {body!r}"
+        )
+    unknown = sorted(set(body) - set(LIVE_SETTINGS))
+    if unknown:
+        raise AdminError(
+            400, f"unknown or read-only SSD settings {unknown}; settable: {sorted(LIVE_SETTINGS)}"
+        )
+    for key, value in body.items():
+        if isinstance(value, bool) or not isinstance(value, LIVE_SETTINGS[key]):
+            kinds = "/".join(t.__name__ for t in LIVE_SETTINGS[key])
+            raise AdminError(400, f"{key} must be a {kinds}, got {value!r}")
+    return dict(body)
+
+
+# ------------------------------------------------------------------ scheduler side
+def settings(worker: Any) -> dict[str, Any]:
+    """The SSD settings in force (the client's copy is the one live changes update)."""
+    config = getattr(worker.provider, "config", None) or worker.config
+    return {
+        "beta": config.beta,
+        "fanout_budget": config.fanout_budget,
+        "fanout": config.fanout,
+        "backup": config.backup,
+        "mode": config.mode,
+        "lookahead": config.lookahead,
+        "tree_depth": config.depth,
+        "batch_threshold": config.batch_threshold,
+        "speculator_timeout": config.speculator_timeout,
+        "draft_device": config.draft_device,
+        "draft_cpus": list(config.draft_cpus) if config.draft_cpus is not None else None,
+    }
+
+
+def stats(worker: Any) -> dict[str, Any]:
+    """Per-round averages on both sides, cache hit rate, backup rounds, faults and restarts."""
+    out: dict[str, Any] = dict(worker.timer.summary())
+    backups = {k[len("source_") :]: v for k, v in out.items() if k.startswith("source_")}
+    out = {k: v for k, v in out.items() if not k.startswith("source_")}
+    out["rounds_by_source"] = backups
+    provider_stats = getattr(worker.provider, "stats", None)
+    speculator = dict(provider_stats()) if provider_stats is not None else {}
+    steps = max(speculator.get("steps", 0.0), 1.0)
+    for name in ("build_s", "lookup_s", "backup_s", "send_s"):
+        if name in speculator:
+            out[f"avg_speculator_{name}"] = speculator[name] / steps
+    if "send_s" in speculator:
+        out["avg_transport_s"] = speculator["send_s"] / steps
+    for name in ("faults", "restarts", "speculator_up"):
+        if name in speculator:
+            out[name] = speculator[name]
+    out["speculator"] = speculator
+    return out
+
+
+def configure(worker: Any, changes: dict[str, Any]) -> dict[str, Any]:
+    """Validate and apply live changes; returns what the speculator acknowledged and the
+    settings now in force.
+
+    Raises:
+        AdminError: 400 for values `SSDConfig` refuses, 409 without a speculator client.
+    """
+    from sglang_ssd.config import SSDConfigError
+
+    changes = validate_changes(changes)
+    apply = getattr(worker.provider, "configure", None)
+    if apply is None:
+        raise AdminError(409, "this SSD worker has no speculator to configure")
+    current = getattr(worker.provider, "config", None) or worker.config
+    try:
+        current.replace(**changes)
+    except SSDConfigError as exc:
+        raise AdminError(400, str(exc)) from None
+    acknowledged = apply(**changes)
+    logger.info("SSD: settings changed at run time: %s (speculator: %s)", changes, acknowledged)
+    return {"acknowledged": acknowledged, "config": settings(worker)}
+
+
+def handle(worker: Any, raw: bytes) -> dict[str, Any]:
+    """Answer one admin request (JSON ``{"op": ..., "changes": {...}}``) for `worker`.
+
+    Returns:
+        ``{"status": 200, "body": ...}`` or ``{"status": code, "error": message}``.
+    """
+    try:
+        try:
+            request = json.loads(raw)
+        except ValueError as exc:
+            raise AdminError(400, f"malformed admin request: {exc}") from None
+        op = request.get("op") if isinstance(request, dict) else None
+        if op == "config":
+            body = settings(worker)
+        elif op == "configure":
+            body = configure(worker, request.get("changes"))
+        elif op == "stats":
+            body = stats(worker)
+        else:
+            raise AdminError(400, f"unknown admin operation {op!r}")
+        return {"status": 200, "body": body}
+    except AdminError as exc:
+        return {"status": exc.status, "error": str(exc)}
+    except Exception as exc:  # report, keep serving
+        logger.exception("SSD admin request failed")
+        return {"status": 500, "error": f"{type(exc).__name__}: {exc}"}
+
+
+class AdminServer:
+    """Serves `handle` for one SSD worker on a ZMQ REP socket in a daemon thread."""
+
+    def __init__(self, worker: Any, address: str) -> None:
+        self.worker = worker
+        self.address = address
+        self.thread = threading.Thread(target=self._serve, name="ssd-admin", daemon=True)
+
+    def start(self) -> AdminServer:
+        self.thread.start()
+        return self
+
+    def _serve(self) -> None:
+        import zmq
+
+        context = zmq.Context()
+        socket = context.socket(zmq.REP)
+        socket.setsockopt(zmq.LINGER, 0)
+        try:
+            socket.bind(self.address)
+        except zmq.ZMQError as exc:
+            logger.error("SSD admin: cannot bind %s: %s", self.address, exc)
+            return
+        logger.info("SSD admin endpoint bridge listening on %s", self.address)
+        while True:
+            raw = socket.recv()
+            socket.send(json.dumps(handle(self.worker, raw)).encode())
+
+
+def start_admin_server(worker: Any, port_args: Any) -> AdminServer:
+    """Bind the admin socket for `worker` (call once, in the scheduler process)."""
+    return AdminServer(worker, admin_address(port_args)).start()
+
+
+# ------------------------------------------------------------------ HTTP side
+def ask(address: str, op: str, timeout_s: float = REPLY_TIMEOUT_S, **payload: Any) -> dict:
+    """One blocking round trip to the scheduler's admin socket.
+
+    Raises:
+        AdminError: 504 when the scheduler does not answer within `timeout_s`.
+    """
+    import zmq
+
+    context = zmq.Context.instance()
+    socket = context.socket(zmq.REQ)
+    socket.setsockopt(zmq.LINGER, 0)
+    try:
+        socket.connect(address)
+        socket.send(json.dumps({"op": op, **payload}).encode())
+        if not socket.poll(int(timeout_s * 1000)):
+            raise AdminError(504, f"the SSD worker did not answer within {timeout_s:.0f} s")
+        return json.loads(socket.recv())
+    finally:
+        socket.close()
+
+
+def add_routes(app: Any, address: str) -> None:
+    """Add `/ssd/config` (GET, POST) and `/ssd/stats` (GET) to SGLang's FastAPI `app`."""
+    from fastapi import Request
+    from fastapi.responses import JSONResponse
+    from sglang.srt.utils.auth import AuthLevel, auth_level
+
+    async def forward(op: str, **payload: Any) -> JSONResponse:
+        try:
+            reply = await asyncio.to_thread(ask, address, op, **payload)
+        except AdminError as exc:
+            return JSONResponse({"error": {"message": str(exc)}}, status_code=exc.status)
+        if reply.get("status") == 200:
+            return JSONResponse(reply["body"])
+        return JSONResponse(
+            {"error": {"message": reply.get("error", "unknown error")}},
+            status_code=int(reply.get("status", 500)),
+        )
+
+    @auth_level(AuthLevel.ADMIN_OPTIONAL)
+    async def get_ssd_config() -> JSONResponse:
+        """Current SSD settings: β, fan-out budget and shape, backup, mode, tree depth, γ."""
+        return await forward("config")
+
+    @auth_level(AuthLevel.ADMIN_OPTIONAL)
+    async def set_ssd_config(request: Request) -> JSONResponse:
+        """Change β / fanout_budget / fanout / backup live (JSON object of the changes)."""
+        try:
+            changes = validate_changes(json.loads(await request.body()))
+        except json.JSONDecodeError as exc:
+            return JSONResponse({"error": {"message": f"malformed JSON: {exc}"}}, 400)
+        except AdminError as exc:
+            return JSONResponse({"error": {"message": str(exc)}}, exc.status)
+        return await forward("configure", changes=changes)
+
+    @auth_level(AuthLevel.ADMIN_OPTIONAL)
+    async def get_ssd_stats() -> JSONResponse:
+        """Per-round timings, cache hit rate, backup rounds, speculator faults and restarts."""
+        return await forward("stats")
+
+    app.add_api_route("/ssd/config", get_ssd_config, methods=["GET"])
+    app.add_api_route("/ssd/config", set_ssd_config, methods=["POST"])
+    app.add_api_route("/ssd/stats", get_ssd_stats, methods=["GET"])

@@ -1,0 +1,160 @@
+"""SSD fields in SGLang's decode log line and Prometheus metrics (scheduler process).
+
+A hook around `SchedulerMetricsReporter.report_decode_stats` computes, on the calls where SGLang
+reports (every `--decode-log-interval` decode rounds), the SSD window since the previous report
+from the worker's `RoundTimer`: cache hit rate, mean wait for drafts and mean verify time per
+round. A logging filter appends them to the "Decode batch ..." line that call logs, and with
+`--enable-metrics` they are set on prometheus_client gauges named ``sglang:ssd_*`` with SGLang's
+labels. Like SGLang's own gauges they use `multiprocess_mode="mostrecent"`, so the main
+process's `/metrics` aggregates them from `PROMETHEUS_MULTIPROC_DIR`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+DECODE_LOGGER = "sglang.srt.managers.scheduler_components.metrics_reporter"
+GAUGES: dict[str, str] = {
+    "cache_hit_rate": "Fraction of SSD request-rounds whose draft was a speculation-cache hit.",
+    "wait_draft_seconds": "Mean time per SSD round the target waited for drafts.",
+    "verify_seconds": "Mean time per SSD round from drafts in hand to verified tokens.",
+    "forward_seconds": "Mean time per SSD round of the target's verify forward alone.",
+    "backup_rate": "Fraction of SSD request-rounds drafted by a backup (cache miss).",
+    "speculator_faults": "Speculator faults (timeouts, crashes) since the server started.",
+    "speculator_restarts": "Speculator restarts since the server started.",
+}
+
+
+@dataclass
+class Window:
+    """SSD totals over the rounds since the previous decode report."""
+
+    rounds: int = 0
+    requests: int = 0
+    hits: int = 0
+    wait_draft_s: float = 0.0
+    verify_s: float = 0.0
+    forward_s: float = 0.0
+
+    def values(self) -> dict[str, float]:
+        """Per-round means and per-request-round rates (0 for an empty window)."""
+        rounds, requests = max(self.rounds, 1), max(self.requests, 1)
+        return {
+            "cache_hit_rate": self.hits / requests,
+            "backup_rate": (self.requests - self.hits) / requests if self.requests else 0.0,
+            "wait_draft_seconds": self.wait_draft_s / rounds,
+            "verify_seconds": self.verify_s / rounds,
+            "forward_seconds": self.forward_s / rounds,
+        }
+
+    def log_suffix(self) -> str:
+        v = self.values()
+        return (
+            f"ssd hit rate: {v['cache_hit_rate']:.2f}, "
+            f"wait draft: {v['wait_draft_seconds'] * 1e3:.1f} ms, "
+            f"verify: {v['verify_seconds'] * 1e3:.1f} ms"
+        )
+
+
+@dataclass
+class WindowTracker:
+    """Turns the `RoundTimer`'s running totals into windows between reports."""
+
+    last: Window = field(default_factory=Window)
+
+    def take(self, timer: Any) -> Window:
+        now = Window(
+            rounds=timer.rounds,
+            requests=timer.requests,
+            hits=timer.sources.get("cache", 0),
+            wait_draft_s=timer.wait_draft_s,
+            verify_s=timer.verify_s,
+            forward_s=timer.forward_s,
+        )
+        last, self.last = self.last, now
+        return Window(
+            rounds=now.rounds - last.rounds,
+            requests=now.requests - last.requests,
+            hits=now.hits - last.hits,
+            wait_draft_s=now.wait_draft_s - last.wait_draft_s,
+            verify_s=now.verify_s - last.verify_s,
+            forward_s=now.forward_s - last.forward_s,
+        )
+
+
+class DecodeLineFilter(logging.Filter):
+    """Appends the pending SSD suffix to the next "Decode batch" record."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.suffix: str | None = None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.suffix and isinstance(record.msg, str) and record.msg.startswith("Decode batch"):
+            record.msg = f"{record.msg}, {self.suffix}"
+            self.suffix = None
+        return True
+
+
+class DecodeReportState:
+    """Per scheduler process: the window tracker, the log filter and the gauges."""
+
+    def __init__(self) -> None:
+        self.tracker = WindowTracker()
+        self.filter = DecodeLineFilter()
+        logging.getLogger(DECODE_LOGGER).addFilter(self.filter)
+        self.gauges: dict[str, Any] | None = None
+
+    def set_gauges(self, labels: dict[str, str], values: dict[str, float]) -> None:
+        if self.gauges is None:
+            from prometheus_client import Gauge
+
+            self.gauges = {
+                name: Gauge(
+                    name=f"sglang:ssd_{name}",
+                    documentation=doc,
+                    labelnames=list(labels),
+                    multiprocess_mode="mostrecent",
+                )
+                for name, doc in GAUGES.items()
+            }
+        for name, value in values.items():
+            if name in self.gauges:
+                self.gauges[name].labels(**labels).set(value)
+
+
+_state: DecodeReportState | None = None
+
+
+def report_decode_stats(original: Callable[..., Any], reporter: Any, *args: Any, **kwargs: Any):
+    """Hook (AROUND `SchedulerMetricsReporter.report_decode_stats`), see the module docstring."""
+    global _state
+    worker = getattr(reporter.scheduler, "draft_worker", None)
+    timer = getattr(worker, "timer", None)
+    due = reporter.forward_ct_decode % reporter.decode_log_interval == 0
+    if timer is None or not due or not _is_ssd(reporter.scheduler):
+        return original(reporter, *args, **kwargs)
+    if _state is None:
+        _state = DecodeReportState()
+    window = _state.tracker.take(timer)
+    _state.filter.suffix = window.log_suffix()
+    try:
+        return original(reporter, *args, **kwargs)
+    finally:
+        _state.filter.suffix = None
+        collector = getattr(reporter, "metrics_collector", None)
+        if reporter.current_scheduler_metrics_enabled and collector is not None:
+            values = window.values()
+            provider = getattr(worker, "provider", None)
+            values["speculator_faults"] = float(getattr(provider, "faults", 0))
+            values["speculator_restarts"] = float(getattr(provider, "restarts", 0))
+            _state.set_gauges(dict(collector.labels), values)
+
+
+def _is_ssd(scheduler: Any) -> bool:
+    from sglang_ssd.integration.registration import ALGORITHM
+
+    return getattr(scheduler.spec_algorithm, "name", None) == ALGORITHM

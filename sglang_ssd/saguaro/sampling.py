@@ -1,0 +1,277 @@
+"""Per-request sampling parameters and the target distribution p they define.
+
+`apply_sampling` turns logits into the distribution SGLang's sampler draws from
+(`top_k_top_p_min_p_sampling_from_probs_torch` in sglang/srt/layers/sampler.py, pinned 0.5.23):
+divide by the temperature, softmax, sort descending, zero ranks >= top_k, zero tokens whose
+exclusive cumulative probability exceeds top_p, optionally zero tokens below min_p times the top
+probability, and renormalise (SGLang's `torch.multinomial` renormalises implicitly). Greedy rows
+become a one-hot at `argmax(logits)`, as SGLang's greedy path picks `torch.argmax(logits, -1)`.
+DESIGN.md section 1: the target's p must be the distribution autoregressive decoding samples from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# SGLang's `_SAMPLING_EPS` (sampling_params.py): a temperature below it means greedy.
+GREEDY_TEMPERATURE_EPS = 1e-6
+# SGLang's `TOP_K_ALL`: "the whole vocabulary"; -1 is accepted as an alias.
+TOP_K_ALL = 1 << 30
+
+
+@dataclass(frozen=True)
+class SamplingBatch:
+    """Per-request sampling parameters of one batch (SGLang's `SamplingBatchInfo` subset).
+
+    Attributes:
+        temperature: float [B], >= 0; below 1e-6 means greedy (SGLang's `_SAMPLING_EPS`).
+        top_k: int [B]; 1 means greedy, -1 or any value >= V means the whole vocabulary.
+        top_p: float [B] in (0, 1]; 1 disables nucleus filtering.
+        min_p: float [B] in [0, 1] or None (no min-p filtering).
+
+    Greedy (DESIGN.md section 1): `top_k == 1` or `temperature == 0`; SGLang itself stores greedy
+    as temperature 1, top_k 1. All tensors live on one device; `apply_sampling` moves them to the
+    logits' device. Options SGLang applies to the logits before this step (penalties, logit bias,
+    grammar masks) are not carried here: callers apply them to the logits first.
+
+    Raises:
+        ValueError: on wrong shapes, dtypes or out-of-range values.
+    """
+
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+    min_p: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        fields = {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
+        if self.min_p is not None:
+            fields["min_p"] = self.min_p
+        for name, value in fields.items():
+            if not isinstance(value, torch.Tensor) or value.dim() != 1:
+                raise ValueError(f"SamplingBatch.{name} must be a 1-D tensor [B], got {value!r}")
+        sizes = {value.shape[0] for value in fields.values()}
+        if len(sizes) != 1:
+            raise ValueError(f"SamplingBatch fields disagree on the batch size: {sorted(sizes)}")
+        if self.top_k.dtype.is_floating_point or self.top_k.dtype == torch.bool:
+            raise ValueError(
+                f"SamplingBatch.top_k must be an integer tensor, got {self.top_k.dtype}"
+            )
+        for name in ("temperature", "top_p", "min_p"):
+            value = fields.get(name)
+            if value is not None and not value.dtype.is_floating_point:
+                raise ValueError(f"SamplingBatch.{name} must be a float tensor, got {value.dtype}")
+        if self.batch_size == 0:
+            return
+        if not bool(torch.isfinite(self.temperature).all()) or bool((self.temperature < 0).any()):
+            raise ValueError("SamplingBatch.temperature must be finite and >= 0")
+        if bool(((self.top_k < 1) & (self.top_k != -1)).any()):
+            raise ValueError("SamplingBatch.top_k must be >= 1 or -1 (whole vocabulary)")
+        if bool(((self.top_p <= 0) | (self.top_p > 1)).any()):
+            raise ValueError("SamplingBatch.top_p must be in (0, 1]")
+        if self.min_p is not None and bool(((self.min_p < 0) | (self.min_p > 1)).any()):
+            raise ValueError("SamplingBatch.min_p must be in [0, 1]")
+
+    @classmethod
+    def from_lists(
+        cls,
+        temperature: list[float],
+        top_k: list[int] | None = None,
+        top_p: list[float] | None = None,
+        min_p: list[float] | None = None,
+        device: torch.device | str = "cpu",
+    ) -> SamplingBatch:
+        """Build a batch from Python lists; omitted top_k / top_p mean 'whole vocabulary' / 1.0."""
+        batch = len(temperature)
+        return cls(
+            temperature=torch.tensor(temperature, dtype=torch.float32, device=device),
+            top_k=torch.tensor(top_k if top_k is not None else [-1] * batch, device=device),
+            top_p=torch.tensor(
+                top_p if top_p is not None else [1.0] * batch, dtype=torch.float32, device=device
+            ),
+            min_p=None
+            if min_p is None
+            else torch.tensor(min_p, dtype=torch.float32, device=device),
+        )
+
+    @classmethod
+    def uniform(
+        cls,
+        batch_size: int,
+        temperature: float = 1.0,
+        top_k: int = -1,
+        top_p: float = 1.0,
+        device: torch.device | str = "cpu",
+    ) -> SamplingBatch:
+        """A batch whose B requests all share the same parameters."""
+        return cls(
+            temperature=torch.full((batch_size,), temperature, dtype=torch.float32, device=device),
+            top_k=torch.full((batch_size,), top_k, dtype=torch.int64, device=device),
+            top_p=torch.full((batch_size,), top_p, dtype=torch.float32, device=device),
+        )
+
+    @property
+    def batch_size(self) -> int:
+        return self.temperature.shape[0]
+
+    @property
+    def is_greedy(self) -> torch.Tensor:
+        """bool [B]: `top_k == 1` or `temperature < 1e-6` (DESIGN.md section 1)."""
+        return (self.top_k == 1) | (self.temperature < GREEDY_TEMPERATURE_EPS)
+
+    def to(self, device: torch.device | str) -> SamplingBatch:
+        """The same parameters on `device` (self if already there)."""
+        if self.temperature.device == torch.device(device):
+            return self
+        return SamplingBatch(
+            self.temperature.to(device),
+            self.top_k.to(device),
+            self.top_p.to(device),
+            None if self.min_p is None else self.min_p.to(device),
+        )
+
+    def select(self, index: torch.Tensor) -> SamplingBatch:
+        """Rows `index` (int64 [N], bool [B] or a slice) of the batch."""
+        if isinstance(index, slice) and index == slice(None):
+            return self
+        return SamplingBatch(
+            self.temperature[index],
+            self.top_k[index],
+            self.top_p[index],
+            None if self.min_p is None else self.min_p[index],
+        )
+
+
+def apply_sampling(logits: torch.Tensor, sampling: SamplingBatch) -> torch.Tensor:
+    """The distribution SGLang's sampler draws from, for every row of `logits`.
+
+    Args:
+        logits: float [B, ..., V]; row b uses the parameters of request b for all its positions.
+        sampling: per-request parameters, batch size B.
+
+    Returns:
+        probs: [B, ..., V], float32 (float64 if `logits` is float64), rows sum to 1. Greedy rows
+        are one-hot at `argmax(logits)`. Rows with top_k >= V, top_p == 1 and min_p == 0 are the
+        plain tempered softmax: unlike SGLang's batched path, a row's result never depends on the
+        other rows (SGLang filters every row once any row needs it, where a float32 cumsum
+        rounding above 1.0 can drop a few ~1e-7 tail tokens of a top_p = 1 row).
+
+    Raises:
+        ValueError: if `logits` is not floating point with >= 2 dims or B disagrees.
+
+    Source: sglang/srt/layers/sampler.py (0.5.23) `Sampler.forward` standard path and
+    `top_k_top_p_min_p_sampling_from_probs_torch`; DESIGN.md section 1.
+    """
+    if not logits.dtype.is_floating_point or logits.dim() < 2:
+        raise ValueError(
+            f"logits must be a float tensor [B, ..., V], got {logits.dtype} {tuple(logits.shape)}"
+        )
+    if logits.shape[0] != sampling.batch_size:
+        raise ValueError(f"logits batch {logits.shape[0]} != sampling batch {sampling.batch_size}")
+    vocab = logits.shape[-1]
+    work_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    rows = logits.reshape(-1, vocab).to(work_dtype)
+    per_row = rows.shape[0] // max(sampling.batch_size, 1)
+    sampling = sampling.to(rows.device)
+
+    def expand(value: torch.Tensor) -> torch.Tensor:
+        return value.repeat_interleave(per_row)
+
+    greedy = expand(sampling.is_greedy)
+    if bool(greedy.all()):
+        one_hot = torch.zeros_like(rows).scatter_(1, rows.argmax(dim=-1, keepdim=True), 1.0)
+        return one_hot.reshape(logits.shape)
+    temperature = expand(sampling.temperature).to(work_dtype)
+    temperature = torch.where(greedy, torch.ones_like(temperature), temperature)
+    scaled = rows / temperature.unsqueeze(1) if bool((temperature != 1.0).any()) else rows
+    probs = torch.softmax(scaled, dim=-1)
+
+    top_k = expand(sampling.top_k).to(torch.int64)
+    top_k = torch.where((top_k < 0) | (top_k > vocab), torch.full_like(top_k, vocab), top_k)
+    top_p = expand(sampling.top_p).to(work_dtype)
+    min_p = None if sampling.min_p is None else expand(sampling.min_p).to(work_dtype)
+    needs_filter = (top_k < vocab) | (top_p < 1.0)
+    if min_p is not None:
+        needs_filter |= min_p > 0
+    needs_filter &= ~greedy
+    filtered = needs_filter.nonzero().squeeze(1)
+    if filtered.numel() == probs.shape[0]:
+        probs = _filter_rows(probs, top_k, top_p, min_p)
+    elif filtered.numel() > 0:
+        probs[filtered] = _filter_rows(
+            probs[filtered],
+            top_k[filtered],
+            top_p[filtered],
+            None if min_p is None else min_p[filtered],
+        )
+
+    if bool(greedy.any()):
+        one_hot = torch.zeros_like(probs).scatter_(1, rows.argmax(dim=-1, keepdim=True), 1.0)
+        probs = torch.where(greedy.unsqueeze(1), one_hot, probs)
+    return probs.reshape(logits.shape)
+
+
+def _filter_rows(
+    probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor | None
+) -> torch.Tensor:
+    """SGLang's top-k / top-p / min-p masking on probs [N, V], renormalised; same op order.
+
+    Only a sorted prefix is needed: ranks >= top_k are zeroed, and so is every rank after the
+    first one whose inclusive cumsum exceeds top_p. So rows are tried on the top ranks first
+    (`torch.topk`, as SGLang does with max_top_k), widening through `_PREFIXES`, and only rows
+    whose nucleus is wider than all of them get a full sort (SGLang's path for every row).
+    """
+    vocab = probs.shape[-1]
+    max_top_k = int(top_k.max())
+    widths = [max_top_k] if max_top_k < vocab else [w for w in _PREFIXES if w < vocab]
+    out = torch.zeros_like(probs)
+    pending = torch.arange(probs.shape[0], device=probs.device)
+    for width in [*widths, vocab]:
+        if pending.numel() == 0:
+            break
+        every = pending.numel() == probs.shape[0]
+        rows = probs if every else probs[pending]
+        sub_min_p = None if min_p is None else min_p[pending]
+        if width < vocab:
+            values, index = torch.topk(rows, k=width, dim=-1, sorted=True)
+        else:
+            values, index = rows.sort(dim=-1, descending=True)
+        values, closed = _mask_sorted(values, top_k[pending], top_p[pending], sub_min_p, vocab)
+        values = torch.where(closed.unsqueeze(1), values, 0.0)
+        if every:
+            out.scatter_(1, index, values)
+        else:
+            out[pending] = torch.zeros_like(rows).scatter_(1, index, values)
+        pending = pending[~closed]
+    return out
+
+
+# Sorted-prefix widths tried before a full sort: topk(16384) costs ~1/5 of sorting 151,936.
+_PREFIXES = (1024, 16384)
+
+
+def _mask_sorted(
+    probs_sort: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor | None,
+    vocab: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mask the sorted leading ranks [N, W] of [N, V] rows in place and renormalise them.
+
+    Returns the normalised values and bool [N]: rows for which every rank >= W is zeroed as
+    well (W = V; or by top_k; or by top_p: a later rank's exclusive cumsum is at least this
+    prefix's total), i.e. rows that the prefix alone gives exactly.
+    """
+    width = probs_sort.shape[-1]
+    probs_sum = torch.cumsum(probs_sort, dim=-1)
+    closed = (top_k <= width) | (probs_sum[:, -1] > top_p) | (width >= vocab)
+    ranks = torch.arange(width, device=probs_sort.device).view(1, -1)
+    probs_sort[ranks >= top_k.view(-1, 1)] = 0.0
+    probs_sort[(probs_sum - probs_sort) > top_p.view(-1, 1)] = 0.0
+    if min_p is not None:
+        threshold = probs_sort[:, 0] * min_p
+        probs_sort[probs_sort < threshold.view(-1, 1)] = 0.0
+    return probs_sort / probs_sort.sum(dim=-1, keepdim=True), closed
