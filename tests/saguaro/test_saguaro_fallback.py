@@ -1,0 +1,102 @@
+"""FallbackPolicy: per-batch choice and the threshold b* (Theorem 17)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sglang_ssd.saguaro import Backup, BackupStats, FallbackPolicy, alpha_from_accept_length
+
+
+def policy(jit_latency: float = 0.05, p_hit: float = 0.9, **kwargs) -> FallbackPolicy:
+    """Seconds: verify 0.45 s, speculator 0.4 s, JIT = gamma fast draft forwards, n-gram ~ 0."""
+    backups = {
+        Backup.JIT: BackupStats(alpha=0.9, latency=jit_latency),
+        Backup.NGRAM: BackupStats(alpha=0.55, latency=0.002),
+        Backup.RANDOM: BackupStats(alpha=0.02, latency=0.0005),
+    }
+    args = dict(lookahead=4, p_hit=p_hit, alpha_hit=0.88, t_verify=0.45, t_spec=0.4)
+    args.update(kwargs)
+    return FallbackPolicy(backups=backups, **args)
+
+
+def brute_force_threshold(pol: FallbackPolicy, limit: int = 5000) -> int | None:
+    return next((b for b in range(1, limit) if pol.choose(b) != Backup.JIT), None)
+
+
+def test_choice_switches_once_at_b_star() -> None:
+    pol = policy()
+    b_star = pol.batch_threshold()
+    assert b_star is not None and b_star > 1
+    assert b_star == brute_force_threshold(pol)
+    assert all(pol.choose(b) == Backup.JIT for b in range(1, b_star))
+    assert all(pol.choose(b) != Backup.JIT for b in range(b_star, b_star + 500))
+    assert pol.choose(b_star) == max(
+        (Backup.NGRAM, Backup.RANDOM), key=lambda x: pol.speedup(x, b_star)
+    )
+
+
+@pytest.mark.parametrize("p_hit", [0.3, 0.6, 0.9, 0.97, 0.99])
+def test_b_star_falls_as_jit_gets_slower(p_hit: float) -> None:
+    latencies = (0.02, 0.05, 0.1, 0.2, 0.4, 0.8)
+    thresholds = [policy(latency, p_hit).batch_threshold() for latency in latencies]
+    as_numbers = [float("inf") if t is None else t for t in thresholds]
+    assert as_numbers == sorted(as_numbers, reverse=True)
+    for latency, b_star in zip(latencies, thresholds, strict=True):
+        assert b_star == brute_force_threshold(policy(latency, p_hit))
+
+
+def test_never_switching_and_always_switching() -> None:
+    useless = policy()
+    useless.backups = {Backup.JIT: BackupStats(0.9, 0.1), Backup.NGRAM: BackupStats(0.1, 0.2)}
+    assert useless.batch_threshold() is None and brute_force_threshold(useless) is None
+    free_and_good = policy()
+    free_and_good.backups[Backup.NGRAM] = BackupStats(alpha=0.95, latency=0.0)
+    assert free_and_good.batch_threshold() == 1 and free_and_good.choose(1) == Backup.NGRAM
+
+
+def test_overrides() -> None:
+    assert policy(mode="ngram").choose(1) == Backup.NGRAM
+    assert policy(mode="ngram").batch_threshold() == 1
+    assert policy(mode=Backup.JIT).choose(10_000) == Backup.JIT
+    assert policy(mode="jit").batch_threshold() is None
+    fixed = policy(batch_threshold_override=8)
+    assert fixed.batch_threshold() == 8
+    assert fixed.choose(7) == Backup.JIT and fixed.choose(8) in (Backup.NGRAM, Backup.RANDOM)
+
+
+def test_observe_moving_averages() -> None:
+    pol = policy(ema_weight=0.5)
+    pol.observe(hit_rate=0.0, t_verify=0.55, t_spec=0.6)
+    assert pol.p_hit == pytest.approx(0.45)
+    assert pol.t_verify == pytest.approx(0.5) and pol.t_spec == pytest.approx(0.5)
+    pol.observe(accept_length_hit=5.0)
+    assert pol.alpha_hit == pytest.approx(0.5 * 0.88 + 0.5 * 1.0)
+    pol.observe(backup=Backup.NGRAM, accept_length_backup=2.0, t_backup=0.004)
+    assert pol.backups[Backup.NGRAM].alpha == pytest.approx(
+        0.5 * 0.55 + 0.5 * alpha_from_accept_length(2.0, 4)
+    )
+    assert pol.backups[Backup.NGRAM].latency == pytest.approx(0.003)
+    fresh = FallbackPolicy(4, 0.8, 0.9, 0.45, 0.4, {Backup.JIT: BackupStats(0.9, 0.5)})
+    fresh.observe(backup="random", accept_length_backup=1.01, t_backup=0.001)
+    assert Backup.RANDOM in fresh.backups
+    with pytest.raises(ValueError):
+        fresh.observe(accept_length_backup=2.0)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(mode="fastest"),
+        dict(p_hit=1.5),
+        dict(t_verify=0.0),
+        dict(t_spec=-1.0),
+        dict(lookahead=0),
+        dict(ema_weight=0.0),
+        dict(batch_threshold_override=0),
+    ],
+)
+def test_invalid_policies(kwargs) -> None:
+    with pytest.raises(ValueError):
+        policy(**kwargs)
+    with pytest.raises(ValueError):
+        FallbackPolicy(4, 0.8, 0.9, 0.45, 0.4, {})
