@@ -203,7 +203,10 @@ class SSDWorker(BaseSpecWorker):
         if on_publish is not None:
             on_publish(new_seq_lens)
         self.provider.record_outcomes(
-            [req.rid for req in batch.reqs], verified.accept_len.tolist(), verified.bonus.tolist()
+            [req.rid for req in batch.reqs],
+            verified.accept_len.tolist(),
+            verified.bonus.tolist(),
+            verify_s=t_forward - t_drafts,
         )
         batch.forward_mode = ForwardMode.DECODE
         accept_tokens = predict[accept_index].flatten()

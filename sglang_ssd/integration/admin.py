@@ -5,13 +5,14 @@ The bridge is a ZMQ REP socket that the scheduler binds once its SSD worker exis
 (`AdminServer`, a daemon thread), on an ipc:// path both processes derive from the server's
 `PortArgs.instance_id` (`admin_address`). Requests and replies are small JSON objects, never
 pickle. The main process adds the routes to SGLang's FastAPI app and forwards each call
-(`add_routes`). Live changes go through `SpeculatorClient.configure`, which validates them via
-`SSDConfig`, takes the client's lock (so they land between rounds) and tells the speculator.
+(`sglang_ssd.integration.admin_routes`). Live changes go through `SpeculatorClient.configure`,
+which validates them via `SSDConfig`, takes the client's lock (so they land between rounds) and
+tells the speculator.
 """
 
 from __future__ import annotations
 
-import asyncio
+import atexit
 import json
 import logging
 import os
@@ -88,7 +89,7 @@ def settings(worker: Any) -> dict[str, Any]:
 
 def stats(worker: Any) -> dict[str, Any]:
     """Per-round averages on both sides, cache hit rate, backup rounds, faults and restarts."""
-    out: dict[str, Any] = dict(worker.timer.summary())
+    out: dict[str, Any] = _timer_summary(worker.timer)
     backups = {k[len("source_") :]: v for k, v in out.items() if k.startswith("source_")}
     out = {k: v for k, v in out.items() if not k.startswith("source_")}
     out["rounds_by_source"] = backups
@@ -105,6 +106,18 @@ def stats(worker: Any) -> dict[str, Any]:
             out[name] = speculator[name]
     out["speculator"] = speculator
     return out
+
+
+def _timer_summary(timer: Any, attempts: int = 3) -> dict[str, Any]:
+    """`RoundTimer.summary()` read from this thread while the scheduler thread records rounds
+    (iterating its source counter can meet a key being added: retry)."""
+    for attempt in range(attempts):
+        try:
+            return dict(timer.summary())
+        except RuntimeError:
+            if attempt == attempts - 1:
+                raise
+    return {}
 
 
 def configure(worker: Any, changes: dict[str, Any]) -> dict[str, Any]:
@@ -181,6 +194,8 @@ class AdminServer:
         except zmq.ZMQError as exc:
             logger.error("SSD admin: cannot bind %s: %s", self.address, exc)
             return
+        path = self.address.removeprefix("ipc://")
+        atexit.register(lambda: os.path.exists(path) and os.unlink(path))
         logger.info("SSD admin endpoint bridge listening on %s", self.address)
         while True:
             raw = socket.recv()
@@ -212,47 +227,3 @@ def ask(address: str, op: str, timeout_s: float = REPLY_TIMEOUT_S, **payload: An
         return json.loads(socket.recv())
     finally:
         socket.close()
-
-
-def add_routes(app: Any, address: str) -> None:
-    """Add `/ssd/config` (GET, POST) and `/ssd/stats` (GET) to SGLang's FastAPI `app`."""
-    from fastapi import Request
-    from fastapi.responses import JSONResponse
-    from sglang.srt.utils.auth import AuthLevel, auth_level
-
-    async def forward(op: str, **payload: Any) -> JSONResponse:
-        try:
-            reply = await asyncio.to_thread(ask, address, op, **payload)
-        except AdminError as exc:
-            return JSONResponse({"error": {"message": str(exc)}}, status_code=exc.status)
-        if reply.get("status") == 200:
-            return JSONResponse(reply["body"])
-        return JSONResponse(
-            {"error": {"message": reply.get("error", "unknown error")}},
-            status_code=int(reply.get("status", 500)),
-        )
-
-    @auth_level(AuthLevel.ADMIN_OPTIONAL)
-    async def get_ssd_config() -> JSONResponse:
-        """Current SSD settings: β, fan-out budget and shape, backup, mode, tree depth, γ."""
-        return await forward("config")
-
-    @auth_level(AuthLevel.ADMIN_OPTIONAL)
-    async def set_ssd_config(request: Request) -> JSONResponse:
-        """Change β / fanout_budget / fanout / backup live (JSON object of the changes)."""
-        try:
-            changes = validate_changes(json.loads(await request.body()))
-        except json.JSONDecodeError as exc:
-            return JSONResponse({"error": {"message": f"malformed JSON: {exc}"}}, 400)
-        except AdminError as exc:
-            return JSONResponse({"error": {"message": str(exc)}}, exc.status)
-        return await forward("configure", changes=changes)
-
-    @auth_level(AuthLevel.ADMIN_OPTIONAL)
-    async def get_ssd_stats() -> JSONResponse:
-        """Per-round timings, cache hit rate, backup rounds, speculator faults and restarts."""
-        return await forward("stats")
-
-    app.add_api_route("/ssd/config", get_ssd_config, methods=["GET"])
-    app.add_api_route("/ssd/config", set_ssd_config, methods=["POST"])
-    app.add_api_route("/ssd/stats", get_ssd_stats, methods=["GET"])

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sglang_ssd.integration import admin, request_checks, request_metrics, scheduler_metrics
-from sglang_ssd.integration.registration import ALGORITHM
+from sglang_ssd.integration.registration import is_ssd
 
 logger = logging.getLogger(__name__)
 
@@ -41,19 +41,15 @@ _OPENAI = "sglang.srt.entrypoints.openai"
 _SCHEDULER = "sglang.srt.managers.scheduler"
 
 
-def is_ssd(algorithm: Any) -> bool:
-    """Whether a `--speculative-algorithm` value (string or SGLang's algorithm) is SSD."""
-    name = getattr(algorithm, "name", algorithm)
-    return isinstance(name, str) and name.upper() == ALGORITHM
-
-
 def _server_is_ssd(tokenizer_manager: Any) -> bool:
+    """Whether the server this tokenizer manager fronts runs SSD."""
     args = getattr(tokenizer_manager, "server_args", None)
     return is_ssd(getattr(args, "speculative_algorithm", None))
 
 
 # ------------------------------------------------------------------ main process
 async def _serve_generate_request(original: Callable[..., Any], obj: Any, request: Any) -> Any:
+    """/generate: answer 400 before SGLang starts a (possibly streaming) response."""
     from sglang.srt.entrypoints import http_server
 
     state = http_server.get_global_state()
@@ -66,33 +62,40 @@ async def _serve_generate_request(original: Callable[..., Any], obj: Any, reques
 
 
 def _check_openai_request(result: Any, serving: Any, *args: Any, **kwargs: Any) -> None:
+    """/v1 completions and chat: check the adapted `GenerateReqInput` (grammars included)."""
     if _server_is_ssd(serving.tokenizer_manager):
         adapted = result[0] if isinstance(result, tuple) else result
         request_checks.check_generate_input(adapted)
 
 
 def _check_tokenized(result: Any, manager: Any, *args: Any, **kwargs: Any) -> None:
+    """Every tokenized request: SGLang's final `SamplingParams`, server defaults merged in."""
     if _server_is_ssd(manager) and hasattr(result, "custom_logit_processor"):
         request_checks.check_tokenized(result)
 
 
 def _check_prompt(manager: Any, obj: Any, input_ids: Any, *args: Any, **kwargs: Any) -> None:
+    """Refuse prompts that would crash the scheduler (empty, ids outside the vocabulary)."""
     if _server_is_ssd(manager) and not getattr(obj, "contains_mm_input", lambda: False)():
         request_checks.check_prompt(input_ids, manager.model_config.vocab_size)
 
 
 def _add_admin_routes(*args: Any, **kwargs: Any) -> None:
+    """Add the `/ssd/*` routes before uvicorn starts (SSD servers only)."""
     server_args = kwargs.get("server_args", args[0] if args else None)
     port_args = kwargs.get("port_args", args[3] if len(args) > 3 else None)
     if not is_ssd(getattr(server_args, "speculative_algorithm", None)) or port_args is None:
         return
     from sglang.srt.entrypoints.http_server import app
 
-    admin.add_routes(app, admin.admin_address(port_args))
+    from sglang_ssd.integration.admin_routes import add_routes
+
+    add_routes(app, admin.admin_address(port_args))
 
 
 # ------------------------------------------------------------------ scheduler process
 def _start_admin_server(result: Any, scheduler: Any, *args: Any, **kwargs: Any) -> None:
+    """Once the scheduler has built its SSD worker, serve the admin bridge for it."""
     from sglang_ssd.worker import SSDWorker
 
     worker = getattr(scheduler, "draft_worker", None)

@@ -11,6 +11,7 @@ defines the three methods the scheduler calls that `CustomSpecAlgo` lacks in SGL
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +21,18 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 ALGORITHM = "SSD"
+# Server flags that change p for every request (DESIGN.md §1: apply exactly or refuse).
+_P_CHANGING_FLAGS = (
+    ("enable_watermark", "--enable-watermark"),
+    ("enable_strict_thinking", "--enable-strict-thinking"),
+)
+
+
+def is_ssd(algorithm: Any) -> bool:
+    """Whether a `--speculative-algorithm` value (a string, or SGLang's resolved algorithm
+    object) is SSD."""
+    name = getattr(algorithm, "name", algorithm)
+    return isinstance(name, str) and name.upper() == ALGORITHM
 
 
 def register_ssd() -> None:
@@ -104,8 +117,23 @@ def validate_ssd_server_args(server_args: ServerArgs) -> None:
         raise ValueError("SSD drafts a chain: --speculative-eagle-topk must be 1")
     if cfg.tp_size != 1 or cfg.pp_size != 1 or cfg.dp_size != 1:
         raise ValueError("SSD supports tp/pp/dp size 1 on the target")
-    if getattr(cfg, "enable_watermark", False):
+    if (getattr(cfg, "tokenizer_worker_num", 1) or 1) != 1:
         raise ValueError(
-            "--enable-watermark changes the target distribution in SGLang's sampler, which SSD "
-            "does not use: SSD cannot apply it exactly"
+            "SSD's request checks and admin endpoints run in the single HTTP process: "
+            "--tokenizer-worker-num must be 1"
         )
+    for field, flag in _P_CHANGING_FLAGS:
+        if getattr(cfg, field, False):
+            raise ValueError(
+                f"{flag} changes the target distribution through SGLang's sampler or grammar, "
+                "which SSD's verify does not use: SSD cannot apply it exactly"
+            )
+    preferred = getattr(cfg, "preferred_sampling_params", None)
+    if preferred:
+        from sglang_ssd.integration.request_checks import sampling_refusal
+
+        if isinstance(preferred, str):
+            preferred = json.loads(preferred)
+        reason = sampling_refusal(preferred)
+        if reason is not None:
+            raise ValueError(f"--preferred-sampling-params: {reason}")

@@ -11,7 +11,10 @@ The same check runs at three places (see `sglang_ssd.integration.hooks`):
   (response_format and tool_choice become grammars there);
 - the tokenizer manager for every request it tokenizes (Engine API, server-side
   `preferred_sampling_params`), as the last line.
-Each raises or returns a `ValueError`, which SGLang's routes turn into HTTP 400.
+Refusals raise `SSDRequestError` (a `ValueError`), which SGLang's routes turn into HTTP 400.
+`check_prompt` also refuses the two prompts that crash SGLang 0.5.23's scheduler (empty, token
+ids outside the vocabulary). Server-wide flags that change p are refused at startup
+(`registration.validate_ssd_server_args`).
 """
 
 from __future__ import annotations

@@ -18,6 +18,8 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from sglang_ssd.integration.registration import is_ssd
+
 INFO_KEY = "ssd"
 CACHE = "cache"
 BACKUP_KINDS = ("jit", "ngram", "random", "local-ngram")
@@ -84,7 +86,7 @@ def pick_output_streamer_class(original: Callable[..., type], scheduler: Any) ->
     SGLang's Rust egress refuses extra per-request output, so it keeps the plain streamer.
     """
     base = original(scheduler)
-    if not _is_ssd(scheduler.spec_algorithm) or getattr(scheduler, "rust_server", None):
+    if not is_ssd(scheduler.spec_algorithm) or getattr(scheduler, "rust_server", None):
         return base
     return output_streamer_class(base)
 
@@ -112,9 +114,3 @@ def update_meta_info(
     rest = {k: v for k, v in customized_info.items() if k != INFO_KEY}
     if rest:
         original(manager, meta_info, state, rest, index, finish_reason)
-
-
-def _is_ssd(spec_algorithm: Any) -> bool:
-    from sglang_ssd.integration.registration import ALGORITHM
-
-    return getattr(spec_algorithm, "name", None) == ALGORITHM

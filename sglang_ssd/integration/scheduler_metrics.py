@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sglang_ssd.integration.registration import is_ssd
+
 DECODE_LOGGER = "sglang.srt.managers.scheduler_components.metrics_reporter"
 GAUGES: dict[str, str] = {
     "cache_hit_rate": "Fraction of SSD request-rounds whose draft was a speculation-cache hit.",
@@ -135,7 +137,7 @@ def report_decode_stats(original: Callable[..., Any], reporter: Any, *args: Any,
     worker = getattr(reporter.scheduler, "draft_worker", None)
     timer = getattr(worker, "timer", None)
     due = reporter.forward_ct_decode % reporter.decode_log_interval == 0
-    if timer is None or not due or not _is_ssd(reporter.scheduler):
+    if timer is None or not due or not is_ssd(reporter.scheduler.spec_algorithm):
         return original(reporter, *args, **kwargs)
     if _state is None:
         _state = DecodeReportState()
@@ -152,9 +154,3 @@ def report_decode_stats(original: Callable[..., Any], reporter: Any, *args: Any,
             values["speculator_faults"] = float(getattr(provider, "faults", 0))
             values["speculator_restarts"] = float(getattr(provider, "restarts", 0))
             _state.set_gauges(dict(collector.labels), values)
-
-
-def _is_ssd(scheduler: Any) -> bool:
-    from sglang_ssd.integration.registration import ALGORITHM
-
-    return getattr(scheduler.spec_algorithm, "name", None) == ALGORITHM

@@ -33,9 +33,14 @@ class DraftProvider(Protocol):
         ...
 
     def record_outcomes(
-        self, rids: Sequence[str], accept_lens: list[int], bonus: list[int]
+        self,
+        rids: Sequence[str],
+        accept_lens: list[int],
+        bonus: list[int],
+        verify_s: float | None = None,
     ) -> None:
-        """The verified outcome (k, t*) of each request this round."""
+        """The verified outcome (k, t*) of each request this round; `verify_s` is the
+        target's verify forward time (feeds the fallback policy)."""
         ...
 
     def close(self, rid: str) -> None:
@@ -69,7 +74,11 @@ class LocalNgramProvider:
         return ngram_drafts(self.ngram, [request_tokens(r) for r in reqs], self.lookahead)
 
     def record_outcomes(
-        self, rids: Sequence[str], accept_lens: list[int], bonus: list[int]
+        self,
+        rids: Sequence[str],
+        accept_lens: list[int],
+        bonus: list[int],
+        verify_s: float | None = None,
     ) -> None:
         pass
 

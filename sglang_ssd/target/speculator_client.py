@@ -84,6 +84,8 @@ class SpeculatorClient:
         self.pending: dict[str, tuple[int, int]] = {}  # rid -> (k, bonus) not yet reported
         self.last_sources: dict[str, str] = {}
         self.step_id = 0
+        self.decode_rounds = 0
+        self.last_seen: dict[str, int] = {}  # rid -> decode round it was last prefilled/decoded
         self.faults = 0
         self.restarts = 0
         self.last_timing: dict[str, float] = {}
@@ -204,11 +206,26 @@ class SpeculatorClient:
                             Open(rid=req.rid, token_ids=prompt, sampling=_sampling_spec(req))
                         )
                         self.opened[req.rid] = len(prompt)
+                    self.last_seen[req.rid] = self.decode_rounds
             except TransportError as exc:
                 self._fault(f"open: {exc}")
 
+    def _sweep(self, reqs: Sequence[Any]) -> None:
+        """Close requests that left without a finish notice (finished at prefill, aborted in
+        the queue, retracted): absent from this decode batch and from the last extend."""
+        self.decode_rounds += 1
+        for req in reqs:
+            self.last_seen[req.rid] = self.decode_rounds
+        for rid, seen in list(self.last_seen.items()):
+            if seen < self.decode_rounds - 1:
+                del self.last_seen[rid]
+                self.pending.pop(rid, None)
+                if self.opened.pop(rid, None) is not None and self.link is not None:
+                    self.link.send(Close(rid=rid, reason="left the batch"))
+
     def _remote_drafts(self, reqs: Sequence[Any]) -> DraftBatch:
         link = self.link
+        self._sweep(reqs)
         outcomes = []
         for req in reqs:
             tokens = request_tokens(req)
@@ -267,21 +284,43 @@ class SpeculatorClient:
         return DraftBatch(tokens=tokens, depth=depth, q=dense_q, has_q=has_q, sources=sources)
 
     def record_outcomes(
-        self, rids: Sequence[str], accept_lens: list[int], bonus: list[int]
+        self,
+        rids: Sequence[str],
+        accept_lens: list[int],
+        bonus: list[int],
+        verify_s: float | None = None,
     ) -> None:
-        hits = 0
         for rid, k, t in zip(rids, accept_lens, bonus, strict=True):
             if rid in self.opened:
                 self.pending[rid] = (k, t)
-            hits += self.last_sources.get(rid) == "cache"
         if rids:
-            self.policy.observe(hit_rate=hits / len(rids))
-            if self.last_timing:
-                self.policy.observe(t_spec=self.last_timing["build_s"])
+            self._observe(rids, accept_lens, verify_s)
+
+    def _observe(self, rids: Sequence[str], accept_lens: list[int], verify_s: float | None) -> None:
+        """Feed the round's measurements into `FallbackPolicy`'s moving averages."""
+        by_source: dict[str, list[int]] = {}
+        for rid, k in zip(rids, accept_lens, strict=True):
+            by_source.setdefault(self.last_sources.get(rid, "local-ngram"), []).append(k + 1)
+        hits = by_source.get("cache", [])
+        self.policy.observe(
+            hit_rate=len(hits) / len(rids),
+            accept_length_hit=sum(hits) / len(hits) if hits else None,
+            t_verify=verify_s if verify_s else None,
+            t_spec=self.last_timing.get("build_s"),
+        )
+        for source in ("jit", "ngram", "random"):
+            lengths = by_source.get(source)
+            if lengths:
+                self.policy.observe(
+                    backup=Backup(source),
+                    accept_length_backup=sum(lengths) / len(lengths),
+                    t_backup=self.last_timing.get("backup_s"),
+                )
 
     def close(self, rid: str) -> None:
         with self._lock:
             self.pending.pop(rid, None)
+            self.last_seen.pop(rid, None)
             if self.opened.pop(rid, None) is not None and self.link is not None:
                 try:
                     self.link.send(Close(rid=rid, reason="finished"))

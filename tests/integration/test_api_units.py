@@ -1,0 +1,292 @@
+"""Unit tests of SSD's API pieces without a server: request checks, admin handling, metrics."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from sglang_ssd.config import SSDConfig
+from sglang_ssd.integration import admin, request_checks, request_metrics, scheduler_metrics
+
+
+@pytest.mark.parametrize(
+    ("params", "option"),
+    [
+        ({"repetition_penalty": 1.1}, "repetition_penalty"),
+        ({"frequency_penalty": 0.5}, "frequency_penalty"),
+        ({"presence_penalty": -0.5}, "presence_penalty"),
+        ({"min_new_tokens": 3}, "min_new_tokens"),
+        ({"logit_bias": {"5": 2.0}}, "logit_bias"),
+        ({"regex": "[a-z]+"}, "regex"),
+        ({"json_schema": "{}"}, "json_schema"),
+        ({"ebnf": "root ::= 'a'"}, "ebnf"),
+        ({"structural_tag": "{}"}, "structural_tag"),
+        ({"beam_width": 2}, "beam search"),
+    ],
+)
+def test_options_that_change_p_are_refused(params: dict, option: str) -> None:
+    reason = request_checks.sampling_refusal(params)
+    assert reason is not None and reason.startswith("SSD cannot apply") and option in reason
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {},
+        None,
+        {"temperature": 0.7, "top_p": 0.9, "top_k": 20, "min_p": 0.1},
+        {"repetition_penalty": 1.0, "frequency_penalty": 0, "presence_penalty": None},
+        {"min_new_tokens": 0, "logit_bias": {}, "regex": None, "json_schema": ""},
+        {"logit_bias": {"3": 0.0}},
+        {"repetition_penalty": "not a number"},  # SGLang reports its own type error
+    ],
+)
+def test_neutral_options_pass(params: Any) -> None:
+    assert request_checks.sampling_refusal(params) is None
+
+
+def test_request_level_options_and_batches() -> None:
+    assert "custom_logit_processor" in request_checks.request_refusal({}, "serialized")
+    assert "watermark" in request_checks.request_refusal({}, None, {"enabled": True})
+    batch = [{"temperature": 0.5}, {"presence_penalty": 1.0}]
+    assert "presence_penalty" in request_checks.request_refusal(batch, [None, None])
+    assert request_checks.request_refusal([{}, {}], [None, None]) is None
+
+
+def test_sglang_sampling_params_objects_are_checked() -> None:
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    assert request_checks.sampling_refusal(SamplingParams(temperature=0.0)) is None
+    assert request_checks.sampling_refusal(SamplingParams(min_p=0.2)) is None
+    assert "min_new_tokens" in request_checks.sampling_refusal(SamplingParams(min_new_tokens=2))
+
+
+def test_empty_prompts_and_ids_outside_the_vocab_are_refused() -> None:
+    request_checks.check_prompt([0, 5, 127], vocab_size=128)
+    request_checks.check_prompt(None, vocab_size=128)
+    for bad, message in (
+        ([0, 128], "input_ids must be"),
+        ([-1, 3], "input_ids must"),
+        ([], "empty"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            request_checks.check_prompt(bad, vocab_size=128)
+
+
+def test_meta_info_fields() -> None:
+    fields = request_metrics.meta_info_fields({"cache": 3, "jit": 1})
+    assert fields["ssd_rounds"] == 4
+    assert fields["ssd_cache_hit_rate"] == pytest.approx(0.75)
+    assert fields["ssd_backup_rounds"] == {"jit": 1, "ngram": 0, "random": 0, "local-ngram": 0}
+    assert request_metrics.meta_info_fields({})["ssd_cache_hit_rate"] == 0.0
+
+
+def test_round_counts_live_on_requests() -> None:
+    class Req:
+        pass
+
+    a, b = Req(), Req()
+    request_metrics.count_request_rounds([a, b], ["cache", "ngram"])
+    request_metrics.count_request_rounds([a], ["cache"])
+    assert request_metrics.snapshot(a) == {"cache": 2}
+    assert request_metrics.snapshot(b) == {"ngram": 1}
+    assert request_metrics.snapshot(Req()) == {}
+
+
+def test_update_meta_info_takes_out_the_ssd_key() -> None:
+    seen: list[dict] = []
+
+    def original(manager, meta_info, state, customized_info, index, finish_reason):
+        seen.append(customized_info)
+
+    meta: dict[str, Any] = {}
+    info = {"ssd": [{"cache": 1}, {"jit": 2}], "other": [[1], [2]]}
+    request_metrics.update_meta_info(original, None, meta, None, info, 1, None)
+    assert meta["ssd_rounds"] == 2 and meta["ssd_backup_rounds"]["jit"] == 2
+    assert seen == [{"other": [[1], [2]]}]
+    request_metrics.update_meta_info(original, None, {}, None, {"ssd": [{}]}, 0, None)
+    assert len(seen) == 1  # nothing left for SGLang's handler
+
+
+@dataclass
+class FakeTimer:
+    rounds: int = 4
+    requests: int = 6
+    wait_draft_s: float = 0.4
+    verify_s: float = 0.8
+    forward_s: float = 0.6
+    sources: Counter = field(default_factory=lambda: Counter(cache=4, ngram=2))
+
+    def summary(self) -> dict[str, float]:
+        return {"rounds": self.rounds, "cache_hit_rate": 4 / 6, "source_cache": 4}
+
+
+class FakeClient:
+    def __init__(self) -> None:
+        self.config = SSDConfig()
+        self.faults = 1
+        self.restarts = 0
+
+    def configure(self, **changes: Any) -> dict[str, Any]:
+        self.config = self.config.replace(**changes)
+        return dict(changes)
+
+    def stats(self) -> dict[str, float]:
+        return {"faults": 1.0, "restarts": 0.0, "steps": 4.0, "build_s": 2.0, "send_s": 0.04}
+
+
+@dataclass
+class FakeWorker:
+    config: SSDConfig = field(default_factory=SSDConfig)
+    timer: FakeTimer = field(default_factory=FakeTimer)
+    provider: FakeClient = field(default_factory=FakeClient)
+
+
+def _ask(worker: FakeWorker, **request: Any) -> dict:
+    return admin.handle(worker, json.dumps(request).encode())
+
+
+def test_admin_config_round_trip() -> None:
+    worker = FakeWorker()
+    got = _ask(worker, op="config")
+    assert got["status"] == 200 and got["body"]["beta"] == 1.0 and got["body"]["tree_depth"] == 4
+    got = _ask(worker, op="configure", changes={"beta": 0.5, "backup": "ngram"})
+    assert got["status"] == 200 and got["body"]["config"]["beta"] == 0.5
+    assert _ask(worker, op="config")["body"]["backup"] == "ngram"
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"beta": 0.0},
+        {"beta": 1.5},
+        {"beta": "x"},
+        {"beta": True},
+        {"fanout": "zigzag"},
+        {"fanout_budget": -1},
+        {"mode": "sync"},
+        {},
+        [1],
+    ],
+)
+def test_admin_refuses_bad_changes(changes: Any) -> None:
+    worker = FakeWorker()
+    got = _ask(worker, op="configure", changes=changes)
+    assert got["status"] == 400 and got["error"]
+    assert worker.provider.config == SSDConfig()
+
+
+def test_admin_stats_and_errors() -> None:
+    got = _ask(FakeWorker(), op="stats")
+    body = got["body"]
+    assert body["avg_speculator_build_s"] == pytest.approx(0.5)
+    assert body["avg_transport_s"] == pytest.approx(0.01)
+    assert body["faults"] == 1.0 and body["rounds_by_source"] == {"cache": 4}
+    assert _ask(FakeWorker(), op="nope")["status"] == 400
+    assert admin.handle(FakeWorker(), b"{not json")["status"] == 400
+
+
+def test_admin_socket_round_trip(tmp_path) -> None:
+    address = f"ipc://{tmp_path}/admin"
+    admin.AdminServer(FakeWorker(), address).start()
+    assert admin.ask(address, "config", timeout_s=10)["body"]["fanout"] == "geometric"
+
+
+def test_decode_window_and_log_filter() -> None:
+    import logging
+
+    tracker = scheduler_metrics.WindowTracker()
+    timer = FakeTimer()
+    first = tracker.take(timer)
+    assert first.values()["cache_hit_rate"] == pytest.approx(4 / 6)
+    timer.rounds, timer.requests, timer.wait_draft_s = 6, 8, 0.6
+    timer.sources["cache"] += 2
+    second = tracker.take(timer)
+    assert (second.rounds, second.requests, second.hits) == (2, 2, 2)
+    assert second.values()["wait_draft_seconds"] == pytest.approx(0.1)
+
+    line_filter = scheduler_metrics.DecodeLineFilter()
+    line_filter.suffix = second.log_suffix()
+    record = logging.LogRecord("x", logging.INFO, "f", 1, "Decode batch, #running-req: 1", (), None)
+    line_filter.filter(record)
+    assert record.msg.endswith("ssd hit rate: 1.00, wait draft: 100.0 ms, verify: 0.0 ms")
+    other = logging.LogRecord("x", logging.INFO, "f", 1, "Prefill batch", (), None)
+    line_filter.filter(other)
+    assert other.msg == "Prefill batch"
+
+
+def test_hooks_leave_other_algorithms_alone() -> None:
+    from types import SimpleNamespace
+
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    from sglang_ssd.integration import hooks
+
+    tokenized = SimpleNamespace(
+        sampling_params=SamplingParams(presence_penalty=1.0), custom_logit_processor=None
+    )
+    for algorithm, refused in (("STANDALONE", False), (None, False), ("ssd", True)):
+        manager = SimpleNamespace(server_args=SimpleNamespace(speculative_algorithm=algorithm))
+        if refused:
+            with pytest.raises(ValueError, match="SSD cannot apply presence_penalty"):
+                hooks._check_tokenized(tokenized, manager)
+        else:
+            hooks._check_tokenized(tokenized, manager)
+
+    class Base:
+        pass
+
+    for name, expected in (("STANDALONE", Base), ("SSD", None)):
+        scheduler = SimpleNamespace(spec_algorithm=SimpleNamespace(name=name), rust_server=None)
+        chosen = request_metrics.pick_output_streamer_class(lambda s: Base, scheduler)
+        assert chosen is expected if expected else issubclass(chosen, Base) and chosen is not Base
+
+
+def test_p_changing_server_flags_are_refused_at_startup() -> None:
+    from types import SimpleNamespace
+
+    from sglang_ssd.integration.registration import validate_ssd_server_args
+
+    args = dict(
+        speculative_draft_model_path="draft",
+        speculative_num_steps=4,
+        speculative_eagle_topk=1,
+        tp_size=1,
+        pp_size=1,
+        dp_size=1,
+    )
+    validate_ssd_server_args(SimpleNamespace(**args, enable_watermark=False))
+    validate_ssd_server_args(SimpleNamespace(**args, preferred_sampling_params='{"top_p": 0.9}'))
+    for extra, message in (
+        ({"enable_watermark": True}, "--enable-watermark"),
+        ({"enable_strict_thinking": True}, "--enable-strict-thinking"),
+        ({"preferred_sampling_params": '{"repetition_penalty": 1.1}'}, "repetition_penalty"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            validate_ssd_server_args(SimpleNamespace(**args, **extra))
+
+
+def test_admin_routes_over_the_bridge(tmp_path) -> None:
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from sglang_ssd.integration.admin_routes import add_routes
+
+    address = f"ipc://{tmp_path}/admin"
+    worker = FakeWorker()
+    admin.AdminServer(worker, address).start()
+    app = FastAPI()
+    add_routes(app, address)
+    client = TestClient(app)
+    assert client.get("/ssd/config").json()["beta"] == 1.0
+    reply = client.post("/ssd/config", json={"beta": 0.25})
+    assert reply.status_code == 200 and reply.json()["config"]["beta"] == 0.25
+    assert client.get("/ssd/config").json()["beta"] == 0.25
+    for bad in (b"{bad", b"[]", b'{"beta": 0}', b'{"tree_depth": 2}'):
+        reply = client.post("/ssd/config", content=bad)
+        assert reply.status_code == 400 and reply.json()["error"]["message"], bad
+    assert client.get("/ssd/stats").json()["avg_transport_s"] == pytest.approx(0.01)

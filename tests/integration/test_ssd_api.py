@@ -1,0 +1,382 @@
+"""SSD's HTTP surface on one tiny-model SSD server: refused options, bad input, admin, metrics.
+
+One module-scoped `python -m sglang_ssd.launch_server --speculative-algorithm SSD` on the tiny
+random Qwen2 pair (float32, `--enable-metrics`, a decode log line every round). Every test
+reuses it and checks that it still serves after each refused request.
+
+Bad inputs SGLang 0.5.23 already refuses with a clear 400 (the tests pin the status and message):
+negative or huge max_new_tokens, temperature < 0, top_p outside (0, 1], top_k 0 or < -1,
+wrongly typed values, empty input_ids, prompts longer than the context, malformed JSON.
+Two crashed the whole server before the SSD hooks (`sglang_ssd.integration.request_checks`):
+an empty text prompt and token ids outside the vocabulary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+START_TIMEOUT_S = 600
+PROMPT_IDS = [68, 69, 70, 0, 70, 73, 66, 79, 78]  # "def fibon"
+REFUSED = "SSD cannot apply"
+
+
+class SSDServer:
+    """`python -m sglang_ssd.launch_server --speculative-algorithm SSD` in its own group."""
+
+    def __init__(self, target: Path, draft: Path, log: Path) -> None:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        env["SGLANG_USE_CPU_ENGINE"] = "1"
+        cmd = [
+            sys.executable, "-m", "sglang_ssd.launch_server",
+            "--model-path", str(target),
+            "--speculative-draft-model-path", str(draft),
+            "--speculative-algorithm", "SSD",
+            "--dtype", "float32",
+            "--max-total-tokens", "2048",
+            "--host", "127.0.0.1",
+            "--port", str(self.port),
+            "--skip-server-warmup",
+            "--enable-metrics",
+            "--decode-log-interval", "1",
+        ]  # fmt: skip
+        with log.open("w") as out:
+            self.proc = subprocess.Popen(
+                cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+
+    def wait_healthy(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.tail()}")
+            try:
+                if self.get("/health")[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(1.0)
+        raise TimeoutError(f"server not healthy after {START_TIMEOUT_S} s:\n{self.tail()}")
+
+    def request(self, method: str, path: str, body: Any = None, raw: bytes | None = None):
+        """(status, decoded JSON or text) of one request; HTTP errors are returned, not raised."""
+        data = raw if raw is not None else None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(
+            self.url + path, data=data, method=method, headers={"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=300) as response:
+                status, text = response.status, response.read().decode()
+        except urllib.error.HTTPError as exc:
+            status, text = exc.code, exc.read().decode()
+        try:
+            return status, json.loads(text)
+        except json.JSONDecodeError:
+            return status, text
+
+    def get(self, path: str):
+        return self.request("GET", path)
+
+    def post(self, path: str, body: Any = None, raw: bytes | None = None):
+        return self.request("POST", path, body, raw)
+
+    def stream(self, path: str, body: dict) -> list[dict]:
+        """The JSON events of a server-sent-event response (up to ``[DONE]``)."""
+        req = urllib.request.Request(
+            self.url + path,
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        events = []
+        with urllib.request.urlopen(req, timeout=300) as response:
+            assert response.status == 200
+            for line in response:
+                line = line.decode().strip()
+                if line.startswith("data:") and line != "data: [DONE]":
+                    events.append(json.loads(line[len("data:") :]))
+        return events
+
+    def generate(self, max_new_tokens: int = 8, **extra: Any) -> dict:
+        sampling = {"max_new_tokens": max_new_tokens, "temperature": 0.0, "ignore_eos": True}
+        sampling.update(extra.pop("sampling_params", {}))
+        status, body = self.post(
+            "/generate", {"input_ids": PROMPT_IDS, "sampling_params": sampling, **extra}
+        )
+        assert status == 200, body
+        return body
+
+    def assert_serving(self) -> None:
+        assert len(self.generate(max_new_tokens=2)["output_ids"]) == 2
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=30)
+
+    def tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+
+@pytest.fixture(scope="module")
+def server(
+    tiny_target: Path, tiny_draft: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SSDServer]:
+    srv = SSDServer(tiny_target, tiny_draft, tmp_path_factory.mktemp("ssd_api") / "server.log")
+    try:
+        srv.wait_healthy()
+        yield srv
+    finally:
+        srv.stop()
+
+
+def _error_message(body: Any) -> str:
+    if isinstance(body, dict):
+        error = body.get("error", body)
+        return error.get("message", "") if isinstance(error, dict) else str(error)
+    return str(body)
+
+
+# ------------------------------------------------------------------ refused options
+@pytest.mark.parametrize(
+    ("extra", "option"),
+    [
+        ({"sampling_params": {"repetition_penalty": 1.2}}, "repetition_penalty"),
+        ({"sampling_params": {"frequency_penalty": 0.5}}, "frequency_penalty"),
+        ({"sampling_params": {"presence_penalty": 0.5}}, "presence_penalty"),
+        ({"sampling_params": {"min_new_tokens": 2}}, "min_new_tokens"),
+        ({"sampling_params": {"logit_bias": {"5": 4.0}}}, "logit_bias"),
+        ({"sampling_params": {"regex": "[a-z]+"}}, "regex"),
+        ({"sampling_params": {"json_schema": '{"type": "string"}'}}, "json_schema"),
+        ({"sampling_params": {"ebnf": 'root ::= "a"'}}, "ebnf"),
+        ({"custom_logit_processor": "{}"}, "custom_logit_processor"),
+        ({"stream": True, "sampling_params": {"presence_penalty": 0.5}}, "presence_penalty"),
+    ],
+)
+def test_generate_refuses_options_ssd_cannot_apply(
+    server: SSDServer, extra: dict, option: str
+) -> None:
+    body = {"input_ids": PROMPT_IDS, **extra}
+    body["sampling_params"] = {"max_new_tokens": 4, **extra.get("sampling_params", {})}
+    status, reply = server.post("/generate", body)
+    assert status == 400, reply
+    message = _error_message(reply)
+    assert message.startswith(REFUSED) and option in message
+    server.assert_serving()
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "option"),
+    [
+        ("/v1/completions", {"prompt": "def f", "presence_penalty": 0.5}, "presence_penalty"),
+        ("/v1/completions", {"prompt": "def f", "logit_bias": {"5": 1.0}}, "logit_bias"),
+        (
+            "/v1/chat/completions",
+            {
+                "messages": [{"role": "user", "content": "hi"}],
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": "object"}},
+                },
+                "stream": True,
+            },
+            "json_schema",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "hi"}], "frequency_penalty": 1.0},
+            "frequency_penalty",
+        ),
+    ],
+)
+def test_openai_routes_refuse_options_ssd_cannot_apply(
+    server: SSDServer, path: str, body: dict, option: str
+) -> None:
+    status, reply = server.post(path, {"model": "tiny", "max_tokens": 4, **body})
+    assert status == 400, reply
+    assert REFUSED in _error_message(reply) and option in _error_message(reply)
+    server.assert_serving()
+
+
+def test_min_p_logprobs_and_n_are_served(server: SSDServer, tiny_target: Path) -> None:
+    """min_p is applied exactly by saguaro; logprobs come from the target's own logits."""
+    out = server.generate(sampling_params={"temperature": 0.7, "min_p": 0.05})
+    assert len(out["output_ids"]) == 8
+    status, outs = server.post(
+        "/generate",
+        {"input_ids": PROMPT_IDS, "sampling_params": {"max_new_tokens": 4, "n": 2}},
+    )
+    assert status == 200 and len(outs) == 2
+    out = server.generate(return_logprob=True, sampling_params={"temperature": 0.7})
+    logprobs = [row[0] for row in out["meta_info"]["output_token_logprobs"]]
+    assert len(logprobs) == len(out["output_ids"])
+    reference = _reference_logprobs(tiny_target, out["output_ids"], 0.7)
+    assert logprobs == pytest.approx(reference, abs=1e-4)
+
+
+def _reference_logprobs(model_path: Path, output_ids: list[int], temperature: float) -> list:
+    """log softmax(logits / T) of the target at each output token (SGLang's AR semantics)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    tokens = torch.tensor([PROMPT_IDS + output_ids])
+    with torch.no_grad():
+        logits = model(tokens).logits[0, len(PROMPT_IDS) - 1 : -1]
+    logprobs = torch.log_softmax(logits / temperature, dim=-1)
+    return logprobs.gather(1, torch.tensor(output_ids).unsqueeze(1)).squeeze(1).tolist()
+
+
+# ------------------------------------------------------------------ bad input (issue 7)
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"sampling_params": {"max_new_tokens": -1}}, "max_new_tokens must be at least 0"),
+        ({"sampling_params": {"max_new_tokens": 10**9}}, "maximum context length"),
+        ({"sampling_params": {"temperature": -1.0}}, "temperature must be"),
+        ({"sampling_params": {"temperature": "hot"}}, "invalid type"),
+        ({"sampling_params": {"top_p": 0.0}}, "top_p must be in (0, 1]"),
+        ({"sampling_params": {"top_p": 1.5}}, "top_p must be in (0, 1]"),
+        ({"sampling_params": {"top_k": 0}}, "top_k must be"),
+        ({"sampling_params": {"top_k": -5}}, "top_k must be"),
+        ({"input_ids": [5, 6, 100000]}, "input_ids must be token ids in [0, 127]"),
+        ({"input_ids": [5, -3]}, "input_ids must be token ids in [0, 127]"),
+        ({"input_ids": []}, "input_ids cannot be empty"),
+        ({"text": ""}, "the prompt is empty"),
+        ({"input_ids": [5] * 5000}, "longer than the model's context length"),
+    ],
+)
+def test_bad_input_gets_400(server: SSDServer, body: dict, message: str) -> None:
+    request = {"input_ids": PROMPT_IDS, "sampling_params": {"max_new_tokens": 4}}
+    if "text" in body:
+        request.pop("input_ids")
+    request.update({k: v for k, v in body.items() if k != "sampling_params"})
+    request["sampling_params"].update(body.get("sampling_params", {}))
+    status, reply = server.post("/generate", request)
+    assert status == 400, reply
+    assert message in _error_message(reply)
+    server.assert_serving()
+
+
+def test_malformed_json_gets_400(server: SSDServer) -> None:
+    for path in ("/generate", "/v1/completions", "/ssd/config"):
+        status, reply = server.post(path, raw=b'{"text": "abc", ')
+        assert status == 400, (path, reply)
+    server.assert_serving()
+
+
+# ------------------------------------------------------------------ admin endpoints
+def test_admin_config_round_trip(server: SSDServer) -> None:
+    status, config = server.get("/ssd/config")
+    assert status == 200
+    assert config["lookahead"] == 4 and config["tree_depth"] == 4 and config["mode"] == "async"
+    original = {k: config[k] for k in ("beta", "fanout_budget", "fanout", "backup")}
+    try:
+        status, reply = server.post("/ssd/config", {"beta": 0.5, "fanout": "uniform"})
+        assert status == 200, reply
+        assert reply["config"]["beta"] == 0.5 and reply["acknowledged"]["beta"] == 0.5
+        assert server.get("/ssd/config")[1]["fanout"] == "uniform"
+        server.assert_serving()
+        for bad in ({"beta": 0.0}, {"beta": 2}, {"beta": "x"}, {"lookahead": 2}, {}, [1]):
+            status, reply = server.post("/ssd/config", bad)
+            assert status == 400, (bad, reply)
+            assert _error_message(reply)
+        assert server.get("/ssd/config")[1]["beta"] == 0.5
+    finally:
+        restored = server.post("/ssd/config", original)[0]
+    assert restored == 200
+    server.assert_serving()
+
+
+def test_admin_stats(server: SSDServer) -> None:
+    server.generate(max_new_tokens=16)
+    status, stats = server.get("/ssd/stats")
+    assert status == 200
+    assert stats["rounds"] > 0 and stats["request_rounds"] >= stats["rounds"]
+    assert stats["avg_verify_s"] > 0 and stats["avg_wait_draft_s"] > 0
+    assert 0.0 <= stats["cache_hit_rate"] <= 1.0
+    assert stats["accept_length"] >= 1.0
+    assert sum(stats["rounds_by_source"].values()) == stats["request_rounds"]
+    for key in ("avg_speculator_build_s", "avg_transport_s", "faults", "restarts"):
+        assert stats[key] >= 0, key
+    assert stats["speculator"]["steps"] > 0
+
+
+# ------------------------------------------------------------------ per-request metrics
+def _check_ssd_meta(meta: dict) -> None:
+    rounds = meta["ssd_rounds"]
+    assert rounds == meta["spec_verify_ct"]
+    assert 0.0 <= meta["ssd_cache_hit_rate"] <= 1.0
+    hits = round(meta["ssd_cache_hit_rate"] * rounds)
+    assert hits + sum(meta["ssd_backup_rounds"].values()) == rounds
+    assert set(meta["ssd_backup_rounds"]) >= {"jit", "ngram", "random", "local-ngram"}
+
+
+def test_meta_info_has_ssd_fields(server: SSDServer) -> None:
+    meta = server.generate(max_new_tokens=16)["meta_info"]
+    assert meta["ssd_rounds"] > 0
+    _check_ssd_meta(meta)
+
+
+def test_streaming_generate(server: SSDServer) -> None:
+    events = server.stream(
+        "/generate",
+        {
+            "input_ids": PROMPT_IDS,
+            "stream": True,
+            "sampling_params": {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True},
+        },
+    )
+    assert len(events) > 1
+    final = events[-1]
+    assert len(final["output_ids"]) == 12
+    assert final["output_ids"] == server.generate(max_new_tokens=12)["output_ids"]
+    _check_ssd_meta(final["meta_info"])
+
+
+def test_openai_completions_and_chat(server: SSDServer) -> None:
+    status, reply = server.post(
+        "/v1/completions", {"model": "tiny", "prompt": "def f", "max_tokens": 6, "temperature": 0}
+    )
+    assert status == 200 and reply["usage"]["completion_tokens"] > 0
+    chat = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "hello"}],
+        "max_tokens": 6,
+        "temperature": 0.7,
+    }
+    status, reply = server.post("/v1/chat/completions", chat)
+    assert status == 200 and reply["choices"][0]["message"]["content"] is not None
+    events = server.stream("/v1/chat/completions", {**chat, "stream": True})
+    assert any(e["choices"] and e["choices"][0].get("finish_reason") for e in events)
+
+
+# ------------------------------------------------------------------ aggregates
+def test_decode_log_line_and_prometheus(server: SSDServer) -> None:
+    server.generate(max_new_tokens=8)
+    lines = [line for line in server.log.read_text().splitlines() if "Decode batch" in line]
+    assert lines and "ssd hit rate:" in lines[-1] and "wait draft:" in lines[-1]
+    status, text = server.get("/metrics")
+    assert status == 200
+    for name in ("cache_hit_rate", "wait_draft_seconds", "verify_seconds"):
+        assert f"sglang:ssd_{name}{{" in text, name
