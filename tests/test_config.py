@@ -105,6 +105,7 @@ def test_cpu_defaults_and_gamma_copied_into_config():
         environ=env,
     )
     assert env["SGLANG_USE_CPU_ENGINE"] == "1"
+    assert "--sleep-on-idle" in argv
     for flag, value in [
         ("--device", "cpu"),
         ("--attention-backend", "intel_amx"),
