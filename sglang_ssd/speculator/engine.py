@@ -204,6 +204,10 @@ class SpeculatorEngine:
             One `Draft` per rid, or None for an unknown rid ("missing").
         """
         states = [self.requests.get(r) for r in rids]
+        for s in states:
+            if s is not None and s.draft is not None and s.draft.depth == 0:
+                self._drop_branches(s)  # a first-round pre-speculation nobody verified
+                s.draft = None
         need = [s for s in states if s is not None and s.draft is None]
         if need:
             if backup == "jit":
@@ -316,6 +320,18 @@ class SpeculatorEngine:
     def observe_accept_length(self, accept_len_with_bonus: float) -> None:
         """Feed the moving average of L that sets α for the geometric fan-out."""
         self.accept_len_ema += EMA_WEIGHT * (accept_len_with_bonus - self.accept_len_ema)
+
+    def prespeculate_first_round(self, rid: str) -> None:
+        """Pre-speculate the round after prefill: the target has not sampled the first token
+        yet, so the outstanding "draft" is empty and every branch forks at k = 0 from the
+        draft's top candidates for that token (the first Step's outcome is (0, t_1))."""
+        state = self.requests.get(rid)
+        if state is None or state.draft is not None:
+            return
+        state.draft = Draft(
+            tokens=[], q=None, candidates=None, source="prefill", round_id=state.round_id
+        )
+        self.build([rid])
 
     def build(self, rids: Sequence[str]) -> None:
         """Pre-speculate the next round for `rids` (glue, fork, tree decode, populate)."""

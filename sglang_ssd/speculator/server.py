@@ -81,6 +81,8 @@ class SpeculatorServer:
         elif isinstance(msg, Open):
             s = msg.sampling
             self.engine.open(msg.rid, msg.token_ids, s.temperature, s.top_k, s.top_p, s.seed)
+            if msg.prespeculate and self.engine.config.mode == "async":
+                self.engine.prespeculate_first_round(msg.rid)
         elif isinstance(msg, Close):
             self.engine.close(msg.rid)
         elif isinstance(msg, Configure):

@@ -203,7 +203,12 @@ class SpeculatorClient:
                     if req.rid not in self.opened:
                         prompt = list(req.origin_input_ids)
                         self.link.send(
-                            Open(rid=req.rid, token_ids=prompt, sampling=_sampling_spec(req))
+                            Open(
+                                rid=req.rid,
+                                token_ids=prompt,
+                                sampling=_sampling_spec(req),
+                                prespeculate=self.config.mode == "async",
+                            )
                         )
                         self.opened[req.rid] = len(prompt)
                     self.last_seen[req.rid] = self.decode_rounds

@@ -118,11 +118,16 @@ class SamplingSpec(_Struct):
 
 
 class Open(_Message, tag="open"):
-    """Target → speculator: request ``rid`` entered decoding with these tokens (prompt + output)."""
+    """Target → speculator: request ``rid`` with these tokens (prompt + output so far).
+
+    ``prespeculate``: sent at prefill, before the target samples the first token; the speculator
+    may pre-speculate the first round for the likeliest first tokens (outcome k = 0).
+    """
 
     rid: Rid
     token_ids: list[TokenId]
     sampling: SamplingSpec
+    prespeculate: bool = False
 
 
 class Close(_Message, tag="close"):

@@ -119,3 +119,31 @@ def test_bad_outcome_is_reported_not_raised(tiny_draft):
     assert engine.apply_outcomes([OutcomeIn("r", 9, 3), OutcomeIn("zz", 0, 1)]) == ["r", "zz"]
     assert "r" not in engine.requests
     assert engine.num_used_slots() == 0
+
+
+def test_first_round_prespeculated_at_prefill_hits_for_greedy(tiny_draft):
+    engine = _engine(tiny_draft)
+    engine.open("r", PROMPT, temperature=0.0, top_k=1, top_p=1.0)
+    engine.prespeculate_first_round("r")
+    branches = engine.requests["r"].branches
+    assert branches is not None and set(branches.ks) == {0}
+    first = branches.bonus[1]  # not the draft's favourite: the target may disagree
+    engine.apply_outcomes([OutcomeIn("r", 0, first)])
+    hit = engine.requests["r"].draft
+    assert hit is not None and hit.source == "cache"
+
+    fresh = _engine(tiny_draft)
+    fresh.open("r", PROMPT, temperature=0.0, top_k=1, top_p=1.0)
+    fresh.apply_outcomes([OutcomeIn("r", 0, first)])
+    (expected,) = fresh.serve(["r"], backup="jit", depth=4)
+    assert hit.tokens == expected.tokens
+
+
+def test_unverified_first_round_speculation_is_dropped_by_serve(tiny_draft):
+    engine = _engine(tiny_draft)
+    engine.open("r", PROMPT, temperature=0.0, top_k=1, top_p=1.0)
+    engine.prespeculate_first_round("r")
+    (draft,) = engine.serve(["r"], backup="ngram", depth=4)
+    assert draft.source == "ngram" and len(draft.tokens) == 4
+    engine.close("r")
+    assert engine.num_used_slots() == 0
