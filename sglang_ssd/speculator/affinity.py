@@ -55,10 +55,16 @@ def _thread_ids() -> list[int]:
 def split_cpus(draft_cpus: Iterable[int] | None) -> tuple[list[int], list[int]]:
     """(target cpus, draft cpus): `draft_cpus` if given, else the last available core.
 
+    With a single available core both share it (the synchronous baseline on one core, where
+    target and draft never run at the same time).
+
     Raises:
-        ValueError: when fewer than two cores are available, or the draft would take them all.
+        ValueError: when the draft would take every core of several, or names cores outside
+            the available set.
     """
     cpus = available_cpus()
+    if draft_cpus is None and len(cpus) == 1:
+        return cpus, cpus
     draft = sorted(set(draft_cpus)) if draft_cpus is not None else cpus[-1:]
     target = [c for c in cpus if c not in draft]
     if not target or not set(draft) <= set(cpus):
