@@ -6,13 +6,14 @@ cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
-PIP_QUIET=${PIP_QUIET:--q}
+# Not PIP_QUIET: pip reads that name itself and rejects "-q" as its value.
+SSD_PIP_FLAGS=${SSD_PIP_FLAGS:--q}
 
 has_cuda() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
 
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 VPY="$VENV/bin/python"
-pip_install() { "$VPY" -m pip install $PIP_QUIET --disable-pip-version-check "$@"; }
+pip_install() { "$VPY" -m pip install $SSD_PIP_FLAGS --disable-pip-version-check "$@"; }
 
 echo "[install] torch"
 # On the development/CI machines pip's find-links (/opt/wheels) holds the CPU build of 2.13.0 and
