@@ -54,11 +54,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     logs.mkdir(parents=True, exist_ok=True)
     started = time.time()
     ar, ar_info = _serve_all(
-        "ar", ["--model-path", str(target), "--speculative-algorithm", "NONE"], prompts,
-        sampling, logs,
+        "ar",
+        ["--model-path", str(target), "--speculative-algorithm", "NONE"],
+        prompts,
+        sampling,
+        logs,
     )
-    ssd_args = ["--model-path", str(target), "--speculative-draft-model-path", str(draft),
-                "--speculative-algorithm", "SSD", *a.ssd_args.split()]
+    ssd_args = [
+        "--model-path",
+        str(target),
+        "--speculative-draft-model-path",
+        str(draft),
+        "--speculative-algorithm",
+        "SSD",
+        *a.ssd_args.split(),
+    ]
     ssd, ssd_info = _serve_all("ssd", ssd_args, prompts, sampling, logs)
 
     divergences, violations = check_greedy(
@@ -71,18 +81,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = []
     for p, r_ar, r_ssd, d in zip(prompts, ar, ssd, divergences, strict=True):
         meta = r_ssd.meta_info
-        rows.append({
-            "dataset": p.record.dataset,
-            "id": p.record.id,
-            "tokens": len(r_ssd.output_ids),
-            "identical": d is None,
-            "divergence": None if d is None else {
-                "index": d.index, "ar": d.expected, "ssd": d.got, "fp32_margin": d.margin},
-            "ssd_accept_length": meta.get("spec_accept_length"),
-            "ssd_cache_hit_rate": meta.get("ssd_cache_hit_rate"),
-            "ar_tok_per_s": r_ar.tok_per_s,
-            "ssd_tok_per_s": r_ssd.tok_per_s,
-        })
+        rows.append(
+            {
+                "dataset": p.record.dataset,
+                "id": p.record.id,
+                "tokens": len(r_ssd.output_ids),
+                "identical": d is None,
+                "divergence": None
+                if d is None
+                else {"index": d.index, "ar": d.expected, "ssd": d.got, "fp32_margin": d.margin},
+                "ssd_accept_length": meta.get("spec_accept_length"),
+                "ssd_cache_hit_rate": meta.get("ssd_cache_hit_rate"),
+                "ar_tok_per_s": r_ar.tok_per_s,
+                "ssd_tok_per_s": r_ssd.tok_per_s,
+            }
+        )
     report = {
         "kind": "lossless-greedy",
         "eps": a.eps,
@@ -99,8 +112,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(report, indent=1, default=str))
-    print(f"identical {report['identical']}/{len(rows)}; allowed divergences "
-          f"{len(rows) - report['identical'] - len(violations)}; violations {len(violations)}")
+    print(
+        f"identical {report['identical']}/{len(rows)}; allowed divergences "
+        f"{len(rows) - report['identical'] - len(violations)}; violations {len(violations)}"
+    )
     for v in violations:
         print("  VIOLATION", v)
     print(f"wrote {a.out}")

@@ -1,7 +1,9 @@
 """`python -m sglang_ssd.speculator`: the speculator process (spawned by the SSD target worker).
 
 It pins itself to its own device (a CUDA device, or a disjoint set of CPU cores with a matching
-torch thread count), loads the draft model, connects to the target's link and serves it.
+torch thread count), loads the draft model, connects to the target's link and serves it. A
+watchdog thread ends the process as soon as its parent (the target's scheduler) is gone, in
+every phase (loading, connecting, serving, a blocked transfer), so it never outlives the target.
 """
 
 from __future__ import annotations
@@ -9,7 +11,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
+import threading
+import time
 
 import torch
 
@@ -18,11 +23,32 @@ from sglang_ssd.speculator.affinity import pin_process
 from sglang_ssd.speculator.draft_model import DraftModel
 from sglang_ssd.speculator.engine import SpeculatorEngine
 from sglang_ssd.speculator.server import SpeculatorServer
-from sglang_ssd.transport import LinkAddress, SpeculatorLink
+from sglang_ssd.transport import LinkAddress, SpeculatorLink, TransportError
 
 logger = logging.getLogger("sglang_ssd.speculator")
 
 DEFAULT_KV_SLOTS = 65536
+PARENT_POLL_S = 0.5
+EXIT_LINK_REFUSED = 3
+
+
+def watch_parent(parent_pid: int, poll_s: float = PARENT_POLL_S) -> threading.Thread:
+    """Exit the process (status 0) once ``parent_pid`` is no longer our parent.
+
+    A daemon thread, because the main thread may be busy for long (loading the model, a draft
+    forward) or blocked (a tensor transfer to a target that was SIGKILLed).
+    """
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(poll_s)
+        logger.warning("speculator: parent %d is gone; exiting", parent_pid)
+        logging.shutdown()
+        os._exit(0)
+
+    thread = threading.Thread(target=watch, name="ssd-parent-watch", daemon=True)
+    thread.start()
+    return thread
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,11 +67,12 @@ def main(argv: list[str] | None = None) -> int:
         level=os.environ.get("SGLANG_SSD_SPECULATOR_LOG", "INFO"),
         format="[%(asctime)s] [speculator] %(message)s",
     )
+    watch_parent(args.parent_pid)
     config = SSDConfig.from_json(args.config)
-    if args.device == "cpu" and args.cpus:
-        pin_process(parse_cpu_list(args.cpus))
-    else:
+    if args.device != "cpu":
         torch.cuda.set_device(torch.device(args.device))
+    elif args.cpus:
+        pin_process(parse_cpu_list(args.cpus))
     model = DraftModel.load(
         args.model_path,
         device=args.device,
@@ -53,11 +80,15 @@ def main(argv: list[str] | None = None) -> int:
         num_slots=args.kv_slots,
     )
     engine = SpeculatorEngine(model, config)
-    link = SpeculatorLink.connect(
-        LinkAddress.from_json(args.address),
-        args.connect_timeout,
-        device=args.device if args.device != "cpu" else None,
-    )
+    try:
+        link = SpeculatorLink.connect(
+            LinkAddress.from_json(args.address),
+            args.connect_timeout,
+            device=args.device if args.device != "cpu" else None,
+        )
+    except TransportError as exc:  # e.g. a protocol version mismatch: nothing to serve
+        logger.error("speculator: cannot link to the target: %s; exiting", exc)
+        return EXIT_LINK_REFUSED
     logger.info(
         "speculator ready: pid %d, device %s, cpus %s, threads %d, mode %s",
         os.getpid(),
@@ -74,4 +105,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # Ctrl-C in a terminal signals the whole process group: the target owns our lifetime (it
+    # sends Shutdown, kills us, or exits, which `watch_parent` notices), so SIGINT is not ours.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.exit(main())

@@ -30,6 +30,7 @@ from sglang_ssd.transport import (
     StatsReply,
     StatsRequest,
     Step,
+    TransportError,
 )
 
 logger = logging.getLogger(__name__)
@@ -70,9 +71,16 @@ class SpeculatorServer:
                 return
             try:
                 self._dispatch(msg)
+            except TransportError as exc:  # the link is unusable: the target starts a new one
+                logger.error("SSD speculator: link failed (%s); exiting", exc)
+                return
             except Exception as exc:  # keep serving: report and go on
                 logger.exception("SSD speculator: failed to handle %s", type(msg).__name__)
-                self.link.send(Error(reason=f"{type(msg).__name__}: {exc}"[:1000]))
+                try:
+                    self.link.send(Error(reason=f"{type(msg).__name__}: {exc}"[:1000]))
+                except TransportError as send_exc:
+                    logger.error("SSD speculator: link failed (%s); exiting", send_exc)
+                    return
             idle_since = time.perf_counter()
 
     def _dispatch(self, msg: object) -> None:

@@ -4,8 +4,9 @@ Each decode round `drafts(reqs)` (1) opens requests the speculator does not know
 tokens drifted, e.g. after a retraction) with their full token list, (2) sends one `Step` with
 the previous round's outcomes, the batch's rids and the backup `FallbackPolicy` picked for this
 batch size, and (3) waits at most `--ssd-speculator-timeout` for the drafts. Any fault (timeout,
-dead process, transport error) is logged, the speculator is stopped and restarted in the
-background, and the target keeps serving with its own n-gram drafts meanwhile (DESIGN.md §1).
+dead or stopped process, transport error) is logged, the speculator is killed and restarted in
+the background (with a growing backoff while restarts fail), and the target keeps serving with
+its own n-gram drafts meanwhile (DESIGN.md §1).
 """
 
 from __future__ import annotations
@@ -44,8 +45,11 @@ from sglang_ssd.transport import (
 logger = logging.getLogger(__name__)
 
 STARTUP_TIMEOUT_S = 300.0
-RESTART_BACKOFF_S = 2.0
+RESTART_BACKOFF_S = 2.0  # first retry after a fault; doubles per failed restart
+RESTART_BACKOFF_MAX_S = 60.0
 ACCEPT_POLL_S = 2.0
+ALIVE_POLL_S = 0.25  # while waiting for drafts, how often to check the process is still there
+STATS_TIMEOUT_S = 5.0
 
 
 def default_policy(config: SSDConfig) -> FallbackPolicy:
@@ -91,7 +95,7 @@ class SpeculatorClient:
         self.last_timing: dict[str, float] = {}
         self._lock = threading.Lock()
         self._restarting: threading.Thread | None = None
-        self._down_since: float | None = None
+        self._closing = threading.Event()  # set by `shutdown`: no more (re)starts
         link, process = self._launch()
         self._install(link, process)
 
@@ -127,6 +131,8 @@ class SpeculatorClient:
                             f"speculator exited with code {process.proc.returncode} during "
                             "startup (see its log above)"
                         ) from None
+                    if self._closing.is_set():
+                        raise TransportError("shutting down") from None
                     if time.monotonic() > deadline:
                         raise
         except BaseException:
@@ -134,15 +140,22 @@ class SpeculatorClient:
             link.close()
             raise
 
-    def _install(self, link: TargetLink, process: SpeculatorProcess) -> None:
+    def _install(self, link: TargetLink, process: SpeculatorProcess) -> bool:
+        """Make ``link``/``process`` the live speculator; False (and both stopped) after
+        `shutdown`."""
         with self._lock:
+            if self._closing.is_set():
+                link.close()
+                process.stop()
+                return False
             self.link, self.process = link, process
             self.opened.clear()
             self.pending.clear()
-            self._down_since = None
+            return True
 
     def _fault(self, reason: str) -> None:
-        """Stop a misbehaving speculator; serve locally until the restart completes."""
+        """Kill a misbehaving speculator and restart it in the background; until then the
+        target serves with its own n-gram drafts. Call with the lock held."""
         self.faults += 1
         logger.error(
             "SSD: speculator fault (%s); serving with target-side n-gram drafts and restarting it",
@@ -152,51 +165,70 @@ class SpeculatorClient:
         self.link = self.process = None
         self.opened.clear()
         self.pending.clear()
-        self._down_since = time.monotonic()
         if process is not None:
-            process.stop(timeout_s=2.0)
+            # SIGKILL, not SIGTERM: a hung (e.g. SIGSTOPped) process never handles SIGTERM, and
+            # a faulty one has nothing to save. Reaped here, so no zombie or orphan is left.
+            process.kill()
         if link is not None:
             link.close()
+        self._maybe_restart()
+
+    def _usable(self) -> bool:
+        """Whether a live speculator is linked; a dead process is a fault (found at once, not
+        after a send or receive timeout). Call with the lock held."""
+        if self.link is None or self.process is None:
+            self._maybe_restart()
+            return False
+        if not self.process.alive():
+            pid, code = self.process.pid, self.process.proc.returncode
+            self._fault(f"speculator process {pid} exited with code {code}")
+            return False
+        return True
 
     def _maybe_restart(self) -> None:
-        if self._restarting is not None and self._restarting.is_alive():
+        """Start the restart thread unless it runs (or we are shutting down)."""
+        if self._closing.is_set() or (self._restarting and self._restarting.is_alive()):
             return
-        if self._down_since is None or time.monotonic() - self._down_since < RESTART_BACKOFF_S:
-            return
+        self._restarting = threading.Thread(
+            target=self._restart_loop, name="ssd-restart", daemon=True
+        )
+        self._restarting.start()
 
-        def restart() -> None:
+    def _restart_loop(self) -> None:
+        """Relaunch the speculator after a backoff, retrying (with a growing backoff) until it
+        is up or `shutdown` is called. Runs on its own thread, so a restart needs no traffic and
+        never blocks the scheduler."""
+        backoff = RESTART_BACKOFF_S
+        while not self._closing.wait(backoff):
             try:
                 link, process = self._launch()
             except Exception as exc:
-                logger.error("SSD: speculator restart failed: %s", exc)
-                self._down_since = time.monotonic()
-                return
-            self._install(link, process)
-            self.restarts += 1
-            logger.info("SSD: speculator restarted (pid %d); back to SSD", process.pid)
-
-        self._restarting = threading.Thread(target=restart, name="ssd-restart", daemon=True)
-        self._restarting.start()
+                backoff = min(2 * backoff, RESTART_BACKOFF_MAX_S)
+                logger.error(
+                    "SSD: speculator restart failed (%s); retrying in %.0f s", exc, backoff
+                )
+                continue
+            if self._install(link, process):
+                self.restarts += 1
+                logger.info("SSD: speculator restarted (pid %d); back to SSD", process.pid)
+            return
 
     # ------------------------------------------------------------ DraftProvider
     def drafts(self, reqs: Sequence[Any]) -> DraftBatch:
         with self._lock:
-            if self.link is None or self.process is None or not self.process.alive():
-                if self.link is not None:
-                    self._fault("speculator process exited")
-                self._maybe_restart()
-                return self.local.drafts(reqs)
-            try:
-                return self._remote_drafts(reqs)
-            except (TransportError, RemoteError) as exc:
-                self._fault(f"{type(exc).__name__}: {exc}")
-                return self.local.drafts(reqs)
+            if self._usable():
+                try:
+                    return self._remote_drafts(reqs)
+                except (TransportError, RemoteError) as exc:
+                    self._fault(f"{type(exc).__name__}: {exc}")
+            self.last_sources = {}
+            return self.local.drafts(reqs)
 
     def prepare(self, reqs: Sequence[Any]) -> None:
         """Open requests entering prefill, so the speculator prefills their prompts while the
         target does (their first sampled token then arrives as an outcome with k = 0)."""
         with self._lock:
-            if self.link is None:
+            if not self._usable():
                 return
             try:
                 for req in reqs:
@@ -247,10 +279,22 @@ class SpeculatorClient:
         self.step_id += 1
         rids = [req.rid for req in reqs]
         link.send_step(Step(step_id=self.step_id, outcomes=outcomes, requests=rids, backup=backup))
-        got = link.recv_drafts(self.step_id, self.config.speculator_timeout)
-        if got is None:
-            raise TransportError(f"no drafts within {self.config.speculator_timeout} s")
-        return self._to_batch(reqs, got)
+        return self._to_batch(reqs, self._wait_drafts(link))
+
+    def _wait_drafts(self, link: TargetLink) -> ReceivedDrafts:
+        """The reply to the outstanding Step, waiting at most `--ssd-speculator-timeout` and
+        checking the process between short polls (a killed speculator is found at once)."""
+        timeout = self.config.speculator_timeout
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            got = link.recv_drafts(self.step_id, max(min(ALIVE_POLL_S, left), 0.0))
+            if got is not None:
+                return got
+            if self.process is None or not self.process.alive():
+                raise TransportError("the speculator process exited while drafting")
+            if left <= ALIVE_POLL_S:
+                raise TransportError(f"no drafts within {timeout} s")
 
     def _to_batch(self, reqs: Sequence[Any], got: ReceivedDrafts) -> DraftBatch:
         msg, tokens, q = got
@@ -326,7 +370,7 @@ class SpeculatorClient:
         with self._lock:
             self.pending.pop(rid, None)
             self.last_seen.pop(rid, None)
-            if self.opened.pop(rid, None) is not None and self.link is not None:
+            if self.opened.pop(rid, None) is not None and self._usable():
                 try:
                     self.link.send(Close(rid=rid, reason="finished"))
                 except TransportError as exc:
@@ -345,10 +389,14 @@ class SpeculatorClient:
                 self.policy.mode = (
                     Backup(changes["backup"]) if changes["backup"] != "auto" else "auto"
                 )
-            if self.link is None:
+            if not self._usable():  # a restarted speculator starts from `self.config`
                 return {"applied_locally": True, **changes}
-            self.link.send(Configure(**changes))
-            ack = self.link.recv_reply(ConfigureAck, self.config.speculator_timeout)
+            try:
+                self.link.send(Configure(**changes))
+                ack = self.link.recv_reply(ConfigureAck, self.config.speculator_timeout)
+            except TransportError as exc:  # RemoteError included
+                self._fault(f"configure: {exc}")
+                return {"applied_locally": True, **changes}
             return (
                 {}
                 if ack is None
@@ -362,25 +410,36 @@ class SpeculatorClient:
 
     def stats(self) -> dict[str, float]:
         """The speculator's counters plus the client's fault/restart counts."""
-        out: dict[str, float] = {
-            "faults": self.faults,
-            "restarts": self.restarts,
-            "speculator_up": float(self.link is not None),
-        }
+        out: dict[str, float] = {}
         with self._lock:
-            if self.link is not None:
+            if self._usable():
                 try:
                     self.link.send(StatsRequest())
-                    reply = self.link.recv_reply(StatsReply, 5.0)
+                    reply = self.link.recv_reply(StatsReply, STATS_TIMEOUT_S)
                     if reply is not None:
                         out.update(reply.counters)
+                    else:  # busy or hung: a hang is caught by the next round's timeout
+                        logger.warning(
+                            "SSD: no stats from the speculator in %.0f s", STATS_TIMEOUT_S
+                        )
                 except TransportError as exc:
                     self._fault(f"stats: {exc}")
-        if self.process is not None:
-            out["speculator_pid"] = float(self.process.pid)
+            out.update(
+                faults=self.faults,
+                restarts=self.restarts,
+                speculator_up=float(self.link is not None),
+                # The target's own per-request bookkeeping (leak checks under load).
+                target_opened=len(self.opened),
+                target_pending=len(self.pending),
+                target_tracked=len(self.last_seen),
+            )
+            if self.process is not None:
+                out["speculator_pid"] = float(self.process.pid)
         return out
 
     def shutdown(self) -> None:
+        """Stop the speculator (and any restart in progress) for good; idempotent."""
+        self._closing.set()
         with self._lock:
             if self.link is not None:
                 self.link.close()

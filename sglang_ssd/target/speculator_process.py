@@ -18,6 +18,8 @@ from sglang_ssd.transport import LinkAddress
 
 logger = logging.getLogger(__name__)
 
+KILL_WAIT_S = 10.0
+
 
 @dataclass(frozen=True)
 class Placement:
@@ -71,12 +73,24 @@ class SpeculatorProcess:
         return self.proc.poll() is None
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        """Terminate (then kill) the process and reap it; idempotent."""
+        """Terminate (then kill) the process and reap it; idempotent, never raises."""
         if self.proc.poll() is not None:
             return
         self.proc.terminate()
         try:
             self.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout_s)
+            self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL the process and reap it (works on a stopped, i.e. SIGSTOPped, process too);
+        idempotent, never raises."""
+        if self.proc.poll() is not None:
+            return
+        self.proc.kill()
+        try:
+            self.proc.wait(KILL_WAIT_S)
+        except subprocess.TimeoutExpired:  # uninterruptible sleep: the kernel reaps it later
+            logger.error(
+                "SSD: speculator pid %d survived SIGKILL for %.0f s", self.pid, KILL_WAIT_S
+            )

@@ -37,14 +37,13 @@ def first_divergence(expected: Sequence[int], got: Sequence[int]) -> Divergence 
     if len(expected) != len(got):
         i = min(len(expected), len(got))
         longer = expected if len(expected) > len(got) else got
-        return Divergence(i, int(longer[i]) if longer is expected else -1,
-                          int(longer[i]) if longer is got else -1)
+        return Divergence(
+            i, int(longer[i]) if longer is expected else -1, int(longer[i]) if longer is got else -1
+        )
     return None
 
 
-def fp32_top2_margins(
-    model_dir: str | Path, prefixes: Sequence[Sequence[int]]
-) -> list[float]:
+def fp32_top2_margins(model_dir: str | Path, prefixes: Sequence[Sequence[int]]) -> list[float]:
     """The target's fp32 top-2 logit margin after each prefix (loads and frees the model)."""
     from transformers import AutoModelForCausalLM
 
@@ -75,9 +74,13 @@ def check_greedy(
     """
     found = [first_divergence(e, g) for e, g in zip(expected, got, strict=True)]
     todo = [(i, d) for i, d in enumerate(found) if d is not None]
-    margins = fp32_top2_margins(
-        model_dir, [list(prompts[i]) + list(expected[i][: d.index]) for i, d in todo]
-    ) if todo else []
+    margins = (
+        fp32_top2_margins(
+            model_dir, [list(prompts[i]) + list(expected[i][: d.index]) for i, d in todo]
+        )
+        if todo
+        else []
+    )
     violations = []
     for (i, d), margin in zip(todo, margins, strict=True):
         found[i] = Divergence(d.index, d.expected, d.got, margin)

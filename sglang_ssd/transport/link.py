@@ -14,6 +14,7 @@ One link serves one speculator process; after any TransportError, close it and s
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
 import time
@@ -54,6 +55,7 @@ Reply = TypeVar("Reply", ConfigureAck, StatsReply)
 _TO_SPECULATOR = (Open, Close, Configure, StatsRequest, Shutdown)
 _FOR_SPECULATOR = (Step, *_TO_SPECULATOR, Error)
 _REPLIES = (ConfigureAck, StatsReply, Error)
+CLOSE_LINGER_S = 0.5
 
 
 class LinkAddress(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -283,14 +285,12 @@ class TargetLink:
     def close(self) -> None:
         """Tell the speculator to shut down (best effort), then free socket, group and port."""
         if self._control is not None and not self._control.closed:
-            linger = 0.0
             if self._tensors is not None:
-                try:
+                with contextlib.suppress(TransportError):
                     self._control.send(Shutdown(), timeout_s=0.1)
-                    linger = 0.5
-                except TransportError:
-                    pass
-            self._control.close(linger)
+            # Linger so the last message still reaches the peer: the Shutdown, or the HelloAck
+            # that refused its handshake (else it times out instead of logging the reason).
+            self._control.close(CLOSE_LINGER_S)
         if self._tensors is not None:
             self._tensors.close()
         self._tensors = self._store = None

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Literal
@@ -125,8 +126,9 @@ class TensorLink:
         """
         start = time.perf_counter()
         tensors = [self._placed(t) for t in tensors if t.numel()]
-        works = [self._group.send([t], self.peer, tag) for tag, t in enumerate(tensors)]
-        self._wait(works, "send")
+        self._wait(
+            lambda: [self._group.send([t], self.peer, tag) for tag, t in enumerate(tensors)], "send"
+        )
         seconds = time.perf_counter() - start
         self.sent.add(sum(t.nbytes for t in tensors), seconds)
         return seconds
@@ -140,17 +142,23 @@ class TensorLink:
         start = time.perf_counter()
         out = [torch.empty(shape, dtype=dtype, device=self.device) for shape, dtype in specs]
         live = [t for t in out if t.numel()]
-        works = [self._group.recv([t], self.peer, tag) for tag, t in enumerate(live)]
-        self._wait(works, "recv")
+        self._wait(
+            lambda: [self._group.recv([t], self.peer, tag) for tag, t in enumerate(live)], "recv"
+        )
         self.received.add(sum(t.nbytes for t in live), time.perf_counter() - start)
         return out
 
     def _placed(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.detach().to(self.device, non_blocking=False).contiguous()
 
-    def _wait(self, works: list, what: str) -> None:
+    def _wait(self, post: Callable[[], list], what: str) -> None:
+        """Post the transfers (``post`` returns their works) and wait for them. Posting raises
+        too when the peer is already gone: both become `TransportError`, never a bare
+        RuntimeError that would escape the callers' fault handling."""
+        if self._group is None:
+            raise TransportError(f"tensor link {what}: the link is closed")
         try:
-            for work in works:
+            for work in post():
                 work.wait(timedelta(seconds=self.timeout_s))
             if self.device.type == "cuda":  # the transfer is done only when the stream is
                 torch.cuda.current_stream(self.device).synchronize()

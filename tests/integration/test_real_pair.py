@@ -58,8 +58,9 @@ def transformers_greedy(pair, prompts) -> list[list[int]]:
 @pytest.fixture(scope="module")
 def ar_server(pair, transformers_greedy, tmp_path_factory):
     log = tmp_path_factory.mktemp("logs") / "ar.log"
-    with Server("ar", ["--model-path", str(pair[0]), "--speculative-algorithm", "NONE"],
-                log_path=log) as server:
+    with Server(
+        "ar", ["--model-path", str(pair[0]), "--speculative-algorithm", "NONE"], log_path=log
+    ) as server:
         yield server
 
 
@@ -76,8 +77,10 @@ def _greedy(server: Server, prompts: list[list[int]], n: int) -> list[dict]:
 def _report(label: str, divergences) -> None:
     for i, d in enumerate(divergences):
         if d is not None:
-            print(f"{label}: prompt {i} allowed divergence at token {d.index} "
-                  f"(fp32 top-2 margin {d.margin:.3f})")
+            print(
+                f"{label}: prompt {i} allowed divergence at token {d.index} "
+                f"(fp32 top-2 margin {d.margin:.3f})"
+            )
 
 
 def test_ar_server_matches_transformers_greedy(pair, prompts, transformers_greedy, ar_server):
@@ -90,14 +93,23 @@ def test_ar_server_matches_transformers_greedy(pair, prompts, transformers_greed
 def test_ssd_greedy_matches_ar_and_speculates(pair, prompts, ar_server, tmp_path_factory):
     expected = [r["output_ids"] for r in _greedy(ar_server, prompts, 64)]
     log = tmp_path_factory.mktemp("logs") / "ssd.log"
-    args = ["--model-path", str(pair[0]), "--speculative-draft-model-path", str(pair[1]),
-            "--speculative-algorithm", "SSD"]
+    args = [
+        "--model-path",
+        str(pair[0]),
+        "--speculative-draft-model-path",
+        str(pair[1]),
+        "--speculative-algorithm",
+        "SSD",
+    ]
     with Server("ssd", args, log_path=log) as ssd:
         results = _greedy(ssd, prompts, 64)
         stats = requests.get(f"{ssd.url}/ssd/stats", timeout=60).json()
         launcher = psutil.Process(ssd.proc.pid)
-        speculators = [p for p in launcher.children(recursive=True)
-                       if "sglang_ssd.speculator" in " ".join(p.cmdline())]
+        speculators = [
+            p
+            for p in launcher.children(recursive=True)
+            if "sglang_ssd.speculator" in " ".join(p.cmdline())
+        ]
         assert len(speculators) == 1, "the speculator must be its own process"
         scheduler = speculators[0].parent()
         target_cpus = set(os.sched_getaffinity(scheduler.pid))

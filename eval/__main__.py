@@ -1,0 +1,211 @@
+"""`python -m eval`: the evaluation harness's command line.
+
+Subcommands:
+  baseline  AR vs STANDALONE (γ = 4, top-k 1) on the real pair; `--pinned` puts each server on
+            one core (taskset -c 0, OMP_NUM_THREADS=1).
+  run       any configurations from a JSON file (a list of `Config` objects) on a prompt set.
+  show      print the table of an existing results file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from eval import configs as presets
+from eval import datasets
+from eval.client import Sampling
+from eval.harness import Config, RunSettings, run_interleaved
+from eval.summary import format_table
+
+RESULTS = Path("eval/results")
+LOGS = Path("eval/logs")
+QUICK_PROMPTS, QUICK_TOKENS = 3, 32
+
+
+def _cpu_list(text: str) -> tuple[int, ...]:
+    cpus: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return tuple(sorted(cpus))
+
+
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dataset", choices=datasets.DATASETS, default=datasets.HUMANEVAL)
+    p.add_argument("--prompts", type=int, default=10, help="first N prompts of the set")
+    p.add_argument("--prompt-ids", nargs="*", default=(), help="explicit prompt ids instead")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=1, help="concurrent requests")
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0, help="sampling seed for temperature > 0")
+    p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--stream", action="store_true", help="stream, to record time to first token")
+    p.add_argument("--no-flush-cache", action="store_true", help="keep the radix cache")
+    p.add_argument(
+        "--servers",
+        choices=("auto", "concurrent", "sequential"),
+        default="auto",
+        help="keep all servers alive together, or start them one at a time",
+    )
+    p.add_argument(
+        "--wait-quiet",
+        type=float,
+        metavar="FRACTION",
+        help="before each unit, wait until at most FRACTION of all CPUs is busy",
+    )
+    p.add_argument(
+        "--quiet-max-wait",
+        type=float,
+        default=600.0,
+        help="seconds to wait for quiet before measuring anyway",
+    )
+    p.add_argument("--tokenizer", type=Path, help="model folder for the chat template")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"{QUICK_PROMPTS} prompts x {QUICK_TOKENS} tokens, a smoke run",
+    )
+    p.add_argument("--out", type=Path, help="results JSON")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the batches of an interrupted run in --out and run only the missing ones",
+    )
+    p.add_argument("--log-dir", type=Path, help=f"server logs (default {LOGS}/<out name>)")
+
+
+def _settings(a: argparse.Namespace) -> RunSettings:
+    sampling = Sampling(
+        max_new_tokens=a.max_new_tokens,
+        temperature=a.temperature,
+        top_p=a.top_p,
+        seed=a.seed if a.temperature > 0 else None,
+        ignore_eos=a.ignore_eos,
+    )
+    concurrent = {"auto": None, "concurrent": True, "sequential": False}[a.servers]
+    return RunSettings(
+        sampling=sampling,
+        batch_size=a.batch_size,
+        repeats=a.repeats,
+        flush_cache=not a.no_flush_cache,
+        stream=a.stream,
+        concurrent_servers=concurrent,
+        quiet_threshold=a.wait_quiet,
+        quiet_max_wait_s=a.quiet_max_wait,
+    )
+
+
+def _run(a: argparse.Namespace, configs: Sequence[Config], tokenizer_dir: Path, name: str) -> int:
+    if a.quick:
+        a.prompts, a.max_new_tokens = min(a.prompts, QUICK_PROMPTS), QUICK_TOKENS
+    out: Path = a.out or RESULTS / f"{name}{'-quick' if a.quick else ''}.json"
+    log_dir: Path = a.log_dir or LOGS / out.stem
+    tokenizer = datasets.load_tokenizer(tokenizer_dir)
+    prompts = datasets.load_prompts(a.dataset, tokenizer, a.prompts, a.prompt_ids)
+    metadata = {
+        "name": name,
+        "command": [sys.executable, "-m", "eval", *sys.argv[1:]],
+        "dataset": a.dataset,
+        "dataset_source": datasets.source_info(a.dataset),
+        "tokenizer": str(tokenizer_dir),
+        "quick": a.quick,
+    }
+    print(
+        f"{len(configs)} configs x {len(prompts)} {a.dataset} prompts x {a.max_new_tokens} "
+        f"tokens, batch {a.batch_size}, {a.repeats} repeat(s) -> {out}",
+        flush=True,
+    )
+    results = run_interleaved(
+        configs,
+        prompts,
+        _settings(a),
+        log_dir=log_dir,
+        out_path=out,
+        metadata=metadata,
+        progress=lambda s: print(s, flush=True),
+        resume=a.resume,
+    )
+    print()
+    print(format_table(results))
+    print(f"\nwrote {out}")
+    return 0
+
+
+def cmd_baseline(a: argparse.Namespace) -> int:
+    if a.target and a.draft:
+        target, draft = a.target, a.draft
+    else:
+        target, draft = presets.default_model_dirs()
+    cpus = a.cpus if a.pinned else ()
+    configs = presets.baseline(target, draft, lookahead=a.lookahead, pinned_cpus=cpus)
+    name = "baseline-cpu-pinned" if a.pinned else "baseline-cpu"
+    return _run(a, configs, a.tokenizer or Path(target), name)
+
+
+def cmd_run(a: argparse.Namespace) -> int:
+    configs = presets.load_configs(a.configs)
+    tokenizer = a.tokenizer
+    if tokenizer is None:
+        from eval.harness import flag_value
+
+        model = flag_value(configs[0].args, "--model-path")
+        tokenizer = Path(model) if model else presets.default_model_dirs()[0]
+    return _run(a, configs, tokenizer, a.name or Path(a.configs).stem)
+
+
+def cmd_show(a: argparse.Namespace) -> int:
+    results = json.loads(Path(a.results).read_text())
+    print(
+        f"{a.results}: status {results.get('status')}, "
+        f"{len(results.get('prompts', []))} prompts, settings {results.get('settings')}"
+    )
+    print(format_table(results))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m eval",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("baseline", help="AR vs STANDALONE on the real pair")
+    _add_run_options(p)
+    p.add_argument(
+        "--pinned",
+        action="store_true",
+        help="pin each server (target and draft) to --cpus with one thread per CPU",
+    )
+    p.add_argument("--cpus", type=_cpu_list, default=(0,), help="CPUs for --pinned (default 0)")
+    p.add_argument("--lookahead", "--gamma", type=int, default=4, help="γ for STANDALONE")
+    p.add_argument("--target", type=Path, help="target model folder (default: the pulled 1.5B)")
+    p.add_argument("--draft", type=Path, help="draft model folder (default: the pulled 0.5B)")
+    p.set_defaults(func=cmd_baseline)
+
+    p = sub.add_parser("run", help="configurations from a JSON file")
+    _add_run_options(p)
+    p.add_argument("--configs", type=Path, required=True, help="JSON list of configurations")
+    p.add_argument("--name", help="experiment name (default: the configs file's stem)")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("show", help="print the table of a results file")
+    p.add_argument("results", type=Path)
+    p.set_defaults(func=cmd_show)
+
+    a = parser.parse_args(argv)
+    # SIGTERM must unwind like Ctrl-C, so that the servers' context managers stop them.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    return a.func(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

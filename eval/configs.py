@@ -1,0 +1,95 @@
+"""Named configurations (data): builders for the usual servers and a JSON loader.
+
+Later experiments add configurations here or in a JSON file (`python -m eval run --configs`),
+not new harness code. Every builder spells out the flags that matter for a fair comparison
+(model paths, dtype, γ, top-k, draft tokens) instead of relying on launcher defaults, so the
+results JSON records them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from eval.harness import Config
+
+DTYPE = "bfloat16"
+# KV pool size (tokens) for eval servers: prompts here are < 500 tokens, so 8192 covers batch 8
+# at 128 new tokens while keeping two real servers within this machine's 24 GB.
+MAX_TOTAL_TOKENS = 8192
+
+
+def default_model_dirs() -> tuple[Path, Path]:
+    """The real target and draft folders; raises `ModelNotFoundError` (never pulls)."""
+    from sglang_ssd.models import DRAFT_MODEL, TARGET_MODEL, model_path
+
+    return model_path(TARGET_MODEL, pull=False), model_path(DRAFT_MODEL, pull=False)
+
+
+def autoregressive(
+    target: Path | str,
+    *,
+    name: str = "AR",
+    cpus: Sequence[int] | None = None,
+    threads: int | None = None,
+    extra: Sequence[str] = (),
+) -> Config:
+    """Plain decoding of the target (`--speculative-algorithm NONE`)."""
+    args = (
+        "--model-path", str(target),
+        "--dtype", DTYPE,
+        "--max-total-tokens", str(MAX_TOTAL_TOKENS),
+        "--speculative-algorithm", "NONE",
+    )  # fmt: skip
+    return Config(name, (*args, *extra), _cpus(cpus), threads)
+
+
+def standalone(
+    target: Path | str,
+    draft: Path | str,
+    *,
+    name: str = "STANDALONE",
+    lookahead: int = 4,
+    topk: int = 1,
+    cpus: Sequence[int] | None = None,
+    threads: int | None = None,
+    extra: Sequence[str] = (),
+) -> Config:
+    """SGLang's own draft-model speculative decoding: chain of γ draft tokens (top-k 1)."""
+    args = (
+        "--model-path", str(target),
+        "--dtype", DTYPE,
+        "--max-total-tokens", str(MAX_TOTAL_TOKENS),
+        "--speculative-algorithm", "STANDALONE",
+        "--speculative-draft-model-path", str(draft),
+        "--speculative-num-steps", str(lookahead),
+        "--speculative-eagle-topk", str(topk),
+        "--speculative-num-draft-tokens", str(lookahead + 1),
+    )  # fmt: skip
+    notes = "SGLang's verify is greedy on CPU: not lossless at temperature > 0"
+    return Config(name, (*args, *extra), _cpus(cpus), threads, notes=notes)
+
+
+def baseline(
+    target: Path | str, draft: Path | str, *, lookahead: int = 4, pinned_cpus: Sequence[int] = ()
+) -> list[Config]:
+    """AR vs STANDALONE; with `pinned_cpus`, each server (target and draft) on those CPUs."""
+    cpus = tuple(pinned_cpus) or None
+    threads = len(cpus) if cpus else None
+    return [
+        autoregressive(target, cpus=cpus, threads=threads),
+        standalone(target, draft, lookahead=lookahead, cpus=cpus, threads=threads),
+    ]
+
+
+def load_configs(path: Path) -> list[Config]:
+    """Configurations from a JSON list of `Config.to_dict()`-shaped objects."""
+    data = json.loads(Path(path).read_text())
+    if isinstance(data, dict):
+        data = data["configs"]
+    return [Config.from_dict(d) for d in data]
+
+
+def _cpus(cpus: Sequence[int] | None) -> tuple[int, ...] | None:
+    return tuple(cpus) if cpus else None

