@@ -3,6 +3,9 @@
 Subcommands:
   baseline  AR vs STANDALONE (γ = 4, top-k 1) on the real pair; `--pinned` puts each server on
             one core (taskset -c 0, OMP_NUM_THREADS=1).
+  ssd       the SSD benchmark: AR vs STANDALONE vs `--ssd-mode sync` vs SSD in the paper's
+            arrangement (baselines on one core, SSD adds the draft's core) and on equal
+            hardware (everything on both cores), with the speedup model's prediction.
   run       any configurations from a JSON file (a list of `Config` objects) on a prompt set.
   show      print the table of an existing results file.
 """
@@ -17,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from eval import configs as presets
-from eval import datasets
+from eval import datasets, ssd_bench
 from eval.client import Sampling
 from eval.harness import Config, RunSettings, run_interleaved
 from eval.summary import format_table
@@ -102,7 +105,9 @@ def _settings(a: argparse.Namespace) -> RunSettings:
     )
 
 
-def _run(a: argparse.Namespace, configs: Sequence[Config], tokenizer_dir: Path, name: str) -> int:
+def _run(
+    a: argparse.Namespace, configs: Sequence[Config], tokenizer_dir: Path, name: str
+) -> tuple[dict, Path]:
     if a.quick:
         a.prompts, a.max_new_tokens = min(a.prompts, QUICK_PROMPTS), QUICK_TOKENS
     out: Path = a.out or RESULTS / f"{name}{'-quick' if a.quick else ''}.json"
@@ -135,7 +140,7 @@ def _run(a: argparse.Namespace, configs: Sequence[Config], tokenizer_dir: Path, 
     print()
     print(format_table(results))
     print(f"\nwrote {out}")
-    return 0
+    return results, out
 
 
 def cmd_baseline(a: argparse.Namespace) -> int:
@@ -146,7 +151,36 @@ def cmd_baseline(a: argparse.Namespace) -> int:
     cpus = a.cpus if a.pinned else ()
     configs = presets.baseline(target, draft, lookahead=a.lookahead, pinned_cpus=cpus)
     name = "baseline-cpu-pinned" if a.pinned else "baseline-cpu"
-    return _run(a, configs, a.tokenizer or Path(target), name)
+    _run(a, configs, a.tokenizer or Path(target), name)
+    return 0
+
+
+def cmd_ssd(a: argparse.Namespace) -> int:
+    if len(a.cpus) != 2:
+        raise SystemExit(f"--cpus needs exactly two CPUs (target, draft), got {list(a.cpus)}")
+    if a.target and a.draft:
+        target, draft = a.target, a.draft
+    else:
+        target, draft = presets.default_model_dirs()
+    arrangements = ssd_bench.ARRANGEMENTS if a.arrangement == "both" else (a.arrangement,)
+    configs = ssd_bench.bench_configs(
+        target,
+        draft,
+        arrangements,
+        lookahead=a.lookahead,
+        target_cpu=a.cpus[0],
+        draft_cpu=a.cpus[1],
+        ssd_extra=a.ssd_args.split(),
+    )
+    temp = "greedy" if a.temperature == 0 else f"t{a.temperature:g}"
+    name = f"ssd-bench-{a.arrangement}-b{a.batch_size}-{temp}"
+    results, out = _run(a, configs, a.tokenizer or Path(target), name)
+    rows = ssd_bench.comparisons(results)
+    results["ssd_comparisons"] = rows
+    out.write_text(json.dumps(results, indent=1))
+    print()
+    print(ssd_bench.format_comparisons(rows))
+    return 0
 
 
 def cmd_run(a: argparse.Namespace) -> int:
@@ -157,7 +191,8 @@ def cmd_run(a: argparse.Namespace) -> int:
 
         model = flag_value(configs[0].args, "--model-path")
         tokenizer = Path(model) if model else presets.default_model_dirs()[0]
-    return _run(a, configs, tokenizer, a.name or Path(a.configs).stem)
+    _run(a, configs, tokenizer, a.name or Path(a.configs).stem)
+    return 0
 
 
 def cmd_show(a: argparse.Namespace) -> int:
@@ -190,6 +225,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--target", type=Path, help="target model folder (default: the pulled 1.5B)")
     p.add_argument("--draft", type=Path, help="draft model folder (default: the pulled 0.5B)")
     p.set_defaults(func=cmd_baseline)
+
+    p = sub.add_parser("ssd", help="AR vs STANDALONE vs SSD sync vs SSD, two arrangements")
+    _add_run_options(p)
+    p.add_argument("--arrangement", choices=(*ssd_bench.ARRANGEMENTS, "both"), default="both")
+    p.add_argument(
+        "--cpus", type=_cpu_list, default=(0, 1), help="target CPU, draft CPU (default 0,1)"
+    )
+    p.add_argument("--lookahead", "--gamma", type=int, default=4, help="γ for every config")
+    p.add_argument("--ssd-args", default="", help="extra --ssd-* flags for the SSD servers")
+    p.add_argument("--target", type=Path, help="target model folder (default: the pulled 1.5B)")
+    p.add_argument("--draft", type=Path, help="draft model folder (default: the pulled 0.5B)")
+    p.set_defaults(func=cmd_ssd, prompts=5, max_new_tokens=64, repeats=2)
 
     p = sub.add_parser("run", help="configurations from a JSON file")
     _add_run_options(p)

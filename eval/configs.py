@@ -71,6 +71,39 @@ def standalone(
     return Config(name, (*args, *extra), _cpus(cpus), threads, notes=notes)
 
 
+def ssd(
+    target: Path | str,
+    draft: Path | str,
+    *,
+    name: str = "SSD",
+    mode: str = "async",
+    lookahead: int = 4,
+    cpus: Sequence[int] | None = None,
+    draft_cpus: Sequence[int] | None = None,
+    threads: int | None = None,
+    extra: Sequence[str] = (),
+) -> Config:
+    """This package's SSD (`--ssd-mode async`) or its synchronous-SD baseline (`sync`).
+
+    On CPU the server is pinned to `cpus`; the speculator takes `draft_cpus` out of them (None:
+    the launcher's split, i.e. the last core, or the only core shared when `cpus` has one).
+    """
+    args = (
+        "--model-path", str(target),
+        "--dtype", DTYPE,
+        "--max-total-tokens", str(MAX_TOTAL_TOKENS),
+        "--speculative-algorithm", "SSD",
+        "--speculative-draft-model-path", str(draft),
+        "--speculative-num-steps", str(lookahead),
+        "--speculative-eagle-topk", "1",
+        "--speculative-num-draft-tokens", str(lookahead + 1),
+        "--ssd-mode", mode,
+    )  # fmt: skip
+    if draft_cpus:
+        args = (*args, "--ssd-draft-cpus", ",".join(map(str, draft_cpus)))
+    return Config(name, (*args, *extra), _cpus(cpus), threads)
+
+
 def baseline(
     target: Path | str, draft: Path | str, *, lookahead: int = 4, pinned_cpus: Sequence[int] = ()
 ) -> list[Config]:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eval import client, cpuload, provenance
+from eval import client, cpuload, provenance, ssd_stats
 from eval.datasets import Prompt
 from eval.servers import Server
 from eval.summary import summarize
@@ -304,6 +304,7 @@ def run_interleaved(
         load_before = provenance.loadavg()[0]
         pids = [p["pid"] for p in server.processes()]
         cpu_before = cpuload.CpuSample.take(pids, config.cpus)
+        ssd_before = ssd_stats.fetch(server.url) if config.algorithm == "SSD" else None
         res = client.generate_batch(
             server.url,
             [(p.id, p.input_ids) for p in batch],
@@ -326,6 +327,12 @@ def run_interleaved(
                 "requests": [r.to_json() for r in res.requests],
             }
         )
+        ssd_after = ssd_stats.fetch(server.url) if ssd_before is not None else None
+        if ssd_before is not None and ssd_after is not None:
+            # SSD's own per-round counters over this batch (cache hits, timers, acceptance).
+            results["batches"][-1]["ssd"] = ssd_stats.delta(
+                ssd_stats.totals(ssd_before), ssd_stats.totals(ssd_after)
+            )
         errors = [r.error for r in res.requests if r.error]
         if progress:
             foreign = results["batches"][-1]["foreign_cpu_s"] / max(res.wall_s, 1e-9)

@@ -17,6 +17,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from eval import ssd_stats
+
 
 def _requests(results: Mapping[str, Any], config: str) -> list[dict[str, Any]]:
     out = []
@@ -67,6 +69,9 @@ def config_summary(results: Mapping[str, Any], config: Mapping[str, Any]) -> dic
         ),
     }
     out.update(_spec_summary(reqs, config.get("lookahead")))
+    ssd = [b["ssd"] for b in batches if b.get("ssd")]
+    if ssd:  # SSD's per-round counters: hit rate, accept length on hits/misses, T_v, T_p, T_b
+        out["ssd"] = ssd_stats.measured(ssd_stats.add(ssd), wall)
     return out
 
 
@@ -156,8 +161,8 @@ def format_table(results: Mapping[str, Any]) -> str:
     ratios), L, (L−1)/γ, identical outputs, and the CPUs other processes used meanwhile."""
     summary = results.get("summary") or summarize(results)
     ref = results["configs"][0]["name"]
-    header = ("config", "tok/s", "ratio", "paired", "L", "(L-1)/γ", "L_rounds", "identical",
-              "other CPUs")  # fmt: skip
+    header = ("config", "tok/s", "ratio", "paired", "L", "(L-1)/γ", "L_rounds", "hit rate",
+              "identical", "other CPUs")  # fmt: skip
     rows = [header]
     for c in results["configs"]:
         s = summary["configs"][c["name"]]
@@ -171,6 +176,7 @@ def format_table(results: Mapping[str, Any]) -> str:
                 _fmt(s["accept_length"]),
                 _fmt(s["acceptance_rate"]),
                 _fmt(s.get("accept_length_rounds")),
+                _fmt((s.get("ssd") or {}).get("p_hit")),
                 "ref" if cmp is None else f"{cmp['identical_outputs']}/{cmp['pairs']}",
                 _fmt(s.get("foreign_cpus")),
             )

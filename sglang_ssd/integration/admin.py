@@ -90,9 +90,10 @@ def settings(worker: Any) -> dict[str, Any]:
 def stats(worker: Any) -> dict[str, Any]:
     """Per-round averages on both sides, cache hit rate, backup rounds, faults and restarts."""
     out: dict[str, Any] = _timer_summary(worker.timer)
-    backups = {k[len("source_") :]: v for k, v in out.items() if k.startswith("source_")}
-    out = {k: v for k, v in out.items() if not k.startswith("source_")}
-    out["rounds_by_source"] = backups
+    for prefix, key in (("source_", "rounds_by_source"), ("accepted_", "accepted_by_source")):
+        grouped = {k[len(prefix) :]: v for k, v in out.items() if k.startswith(prefix)}
+        out = {k: v for k, v in out.items() if not k.startswith(prefix)}
+        out[key] = grouped
     provider_stats = getattr(worker.provider, "stats", None)
     speculator = dict(provider_stats()) if provider_stats is not None else {}
     steps = max(speculator.get("steps", 0.0), 1.0)

@@ -27,6 +27,8 @@ class RoundTimer:
         forward_s: the target's TARGET_VERIFY forward alone.
         accepted: Σ accepted draft tokens (bonus excluded).
         sources: request-rounds by draft source (cache, jit, ngram, random, local-ngram).
+        accepted_by_source: Σ accepted draft tokens by draft source (acceptance on hits vs
+            misses, for the speedup model's α_hit and α_miss).
     """
 
     rounds: int = 0
@@ -36,6 +38,7 @@ class RoundTimer:
     forward_s: float = 0.0
     accepted: int = 0
     sources: Counter = field(default_factory=Counter)
+    accepted_by_source: Counter = field(default_factory=Counter)
 
     def record(
         self,
@@ -53,6 +56,8 @@ class RoundTimer:
         self.forward_s += forward_s
         self.accepted += int(accept_len.sum())
         self.sources.update(sources)
+        for source, accepted in zip(sources, accept_len.tolist(), strict=True):
+            self.accepted_by_source[source] += int(accepted)
 
     def summary(self) -> dict[str, float]:
         """Averages per round and rates, for logs and the stats endpoint."""
@@ -69,4 +74,6 @@ class RoundTimer:
         }
         for source, count in self.sources.items():
             out[f"source_{source}"] = count
+        for source, count in self.accepted_by_source.items():
+            out[f"accepted_{source}"] = count
         return out

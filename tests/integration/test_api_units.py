@@ -122,7 +122,12 @@ class FakeTimer:
     sources: Counter = field(default_factory=lambda: Counter(cache=4, ngram=2))
 
     def summary(self) -> dict[str, float]:
-        return {"rounds": self.rounds, "cache_hit_rate": 4 / 6, "source_cache": 4}
+        return {
+            "rounds": self.rounds,
+            "cache_hit_rate": 4 / 6,
+            "source_cache": 4,
+            "accepted_cache": 11,
+        }
 
 
 class FakeClient:
@@ -186,6 +191,7 @@ def test_admin_stats_and_errors() -> None:
     assert body["avg_speculator_build_s"] == pytest.approx(0.5)
     assert body["avg_transport_s"] == pytest.approx(0.01)
     assert body["faults"] == 1.0 and body["rounds_by_source"] == {"cache": 4}
+    assert body["accepted_by_source"] == {"cache": 11}
     assert _ask(FakeWorker(), op="nope")["status"] == 400
     assert admin.handle(FakeWorker(), b"{not json")["status"] == 400
 

@@ -1,0 +1,144 @@
+"""The SSD benchmark (issue 5): AR vs STANDALONE vs `--ssd-mode sync` vs SSD, two arrangements.
+
+Arrangements on a machine with CPUs ``t`` (target) and ``d`` (draft):
+
+- ``paper``: the baselines run on the target's core alone (AR, STANDALONE, and sync SSD with
+  target and speculator sharing that core); SSD adds the draft's core for the speculator. This
+  is the paper's comparison: SSD's speculator gets hardware that SD leaves idle.
+- ``equal``: every configuration gets both cores. AR and STANDALONE use them as two threads;
+  sync SSD has the same split as SSD (target on ``t``, speculator on ``d``), so it differs from
+  SSD only in pre-speculation.
+
+SSD (async) is the same server in both arrangements and runs once. Every configuration uses the
+same γ, top-k 1, dtype and KV pool (`eval.configs`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from eval import configs as presets
+from eval import ssd_stats
+from eval.harness import Config
+
+ARRANGEMENTS = ("paper", "equal")
+
+
+def bench_configs(
+    target: Path | str,
+    draft: Path | str,
+    arrangements: Sequence[str] = ARRANGEMENTS,
+    *,
+    lookahead: int = 4,
+    target_cpu: int = 0,
+    draft_cpu: int = 1,
+    ssd_extra: Sequence[str] = (),
+) -> list[Config]:
+    """The configurations for `arrangements`; the first is the reference (ratios, identity).
+
+    Raises:
+        ValueError: on an unknown arrangement or equal CPU ids.
+    """
+    unknown = set(arrangements) - set(ARRANGEMENTS)
+    if unknown or not arrangements:
+        raise ValueError(f"arrangements must be among {ARRANGEMENTS}, got {list(arrangements)}")
+    if target_cpu == draft_cpu:
+        raise ValueError("the target and draft CPUs must differ")
+    one, both = (target_cpu,), (target_cpu, draft_cpu)
+    kw: dict[str, Any] = {"lookahead": lookahead}
+    out: list[Config] = []
+    if "paper" in arrangements:
+        out += [
+            presets.autoregressive(target, name="AR-1c", cpus=one),
+            presets.standalone(target, draft, name="STANDALONE-1c", cpus=one, **kw),
+            presets.ssd(target, draft, name="SYNC-1c", mode="sync", cpus=one, **kw),
+        ]
+    if "equal" in arrangements:
+        out += [
+            presets.autoregressive(target, name="AR-2c", cpus=both),
+            presets.standalone(target, draft, name="STANDALONE-2c", cpus=both, **kw),
+            presets.ssd(
+                target, draft, name="SYNC-1+1c", mode="sync", cpus=both, draft_cpus=(draft_cpu,),
+                extra=ssd_extra, **kw,
+            ),
+        ]  # fmt: skip
+    ssd = presets.ssd(
+        target, draft, name="SSD-1+1c", cpus=both, draft_cpus=(draft_cpu,), extra=ssd_extra, **kw
+    )
+    return [*out, ssd]
+
+
+# (SSD configuration, baseline, arrangement, aim at batch 1 greedy or None)
+COMPARISONS: tuple[tuple[str, str, str, float | None], ...] = (
+    ("SSD-1+1c", "STANDALONE-1c", "paper", 1.5),
+    ("SSD-1+1c", "SYNC-1c", "paper", 1.5),
+    ("SSD-1+1c", "AR-1c", "paper", None),
+    ("SSD-1+1c", "STANDALONE-2c", "equal", 1.15),
+    ("SSD-1+1c", "SYNC-1+1c", "equal", 1.15),
+    ("SSD-1+1c", "AR-2c", "equal", None),
+    ("SYNC-1c", "AR-1c", "paper", None),
+    ("STANDALONE-1c", "AR-1c", "paper", None),
+    ("STANDALONE-2c", "AR-2c", "equal", None),
+)
+AR_OF = {"paper": "AR-1c", "equal": "AR-2c"}
+
+
+def comparisons(results: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Speedup of each pair in `COMPARISONS` present in `results`, with the aim and, for SSD
+    vs AR, the speedup model's prediction from SSD's own counters (`eval.ssd_stats.predict`)."""
+    summary = results["summary"]["configs"]
+    settings = results["settings"]
+    greedy = settings["sampling"]["greedy"]
+    batch = settings["batch_size"]
+    lookahead = next((c["lookahead"] for c in results["configs"] if c.get("lookahead")), 4)
+    rows = []
+    for name, base, arrangement, aim in COMPARISONS:
+        if name not in summary or base not in summary:
+            continue
+        a, b = summary[name]["tok_per_s"], summary[base]["tok_per_s"]
+        row: dict[str, Any] = {
+            "config": name,
+            "baseline": base,
+            "arrangement": arrangement,
+            "speedup": a / b if a and b else None,
+            "aim": aim if (greedy and batch == 1) else None,
+        }
+        m = summary[name].get("ssd")
+        if m and base == AR_OF[arrangement] and b:
+            predicted = ssd_stats.predict(m, lookahead, batch, b, async_mode=name.startswith("SSD"))
+            row["predicted"] = predicted
+            row["prediction_error"] = (
+                predicted / row["speedup"] - 1 if predicted and row["speedup"] else None
+            )
+        if not greedy and base.startswith("STANDALONE"):
+            row["note"] = "STANDALONE is not lossless at T > 0 on CPU (greedy verify)"
+        rows.append(row)
+    return rows
+
+
+def format_comparisons(rows: Sequence[Mapping[str, Any]]) -> str:
+    """Plain-text table of `comparisons`."""
+    header = ("config", "vs", "arrangement", "speedup", "aim", "model", "model error")
+    lines = [header]
+    for r in rows:
+        lines.append(
+            (
+                r["config"],
+                r["baseline"],
+                r["arrangement"],
+                _x(r["speedup"]),
+                "" if r.get("aim") is None else f"≥{r['aim']:.2f}",
+                _x(r.get("predicted")),
+                "" if r.get("prediction_error") is None else f"{100 * r['prediction_error']:+.0f}%",
+            )
+        )
+    widths = [max(len(str(row[i])) for row in lines) for i in range(len(header))]
+    text = ["  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=True)) for row in lines]
+    text.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(t.rstrip() for t in text)
+
+
+def _x(value: float | None) -> str:
+    return "" if value is None else f"{value:.2f}x"

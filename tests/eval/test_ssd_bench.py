@@ -1,0 +1,104 @@
+"""The SSD benchmark: arrangements, SSD's counters around a batch, the speedup model's prediction.
+
+The live test runs AR and SSD servers on tiny random models through the harness and checks that
+each SSD batch carries its `/ssd/stats` delta (rounds, cache hits) and that the summary and the
+comparison table derive the hit rate and a prediction from them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from eval import configs, datasets, harness, ssd_bench, ssd_stats
+from eval.client import Sampling
+from sglang_ssd.saguaro import expected_speedup
+
+
+def _stats(rounds: int, hits: int, misses: int, acc_hit: int, acc_miss: int) -> dict[str, Any]:
+    return {
+        "rounds": rounds,
+        "request_rounds": hits + misses,
+        "avg_verify_s": 0.5,
+        "avg_wait_draft_s": 0.1,
+        "avg_forward_s": 0.4,
+        "rounds_by_source": {"cache": hits, "jit": misses},
+        "accepted_by_source": {"cache": acc_hit, "jit": acc_miss},
+        "speculator": {"steps": rounds, "build_s": 0.6 * rounds, "backup_s": 0.2 * misses},
+    }
+
+
+def test_totals_delta_and_measured_quantities() -> None:
+    before = ssd_stats.totals(_stats(10, 8, 2, 24, 2))
+    after = ssd_stats.totals(_stats(30, 26, 4, 78, 4))
+    d = ssd_stats.delta(before, after)
+    assert d["rounds"] == 20 and d["rounds_cache"] == 18 and d["accepted_cache"] == 54
+    assert d["verify_s"] == pytest.approx(10.0)
+    m = ssd_stats.measured(ssd_stats.add([d]), wall_s=12.0)
+    assert m["p_hit"] == pytest.approx(18 / 20)
+    assert m["accept_length_hit"] == pytest.approx(1 + 54 / 18)
+    assert m["accept_length_miss"] == pytest.approx(1 + 2 / 2)
+    assert m["round_s"] == pytest.approx(0.6) and m["target_s"] == pytest.approx(0.5)
+    assert m["t_spec"] == pytest.approx(0.6 / 0.5)
+    assert m["t_backup"] == pytest.approx(0.2 / 0.5)
+    assert ssd_stats.measured({"rounds": 0.0}, 1.0) == {"rounds": 0.0}
+
+
+def test_prediction_is_the_speedup_model() -> None:
+    m = {"p_hit": 0.9, "accept_length": 3.5, "accept_length_hit": 4.0, "accept_length_miss": 2.0,
+         "target_s": 0.5, "t_spec": 1.2, "t_backup": 0.4}  # fmt: skip
+    got = ssd_stats.predict(m, lookahead=4, batch_size=1, ar_tok_per_s=4.0)
+    from sglang_ssd.saguaro import alpha_from_accept_length as alpha
+
+    want = expected_speedup(alpha(4.0, 4), alpha(2.0, 4), 4, 0.9, 1.2, 0.4, 1, 0.25 / 0.5)
+    assert got == pytest.approx(want)
+    # sync: no pre-speculation cost, every round pays the backup
+    sync = ssd_stats.predict(m | {"p_hit": 0.0}, 4, 1, 4.0, async_mode=False)
+    assert sync == pytest.approx(expected_speedup(0.0, alpha(2.0, 4), 4, 0.0, 0.0, 0.4, 1, 0.5))
+    assert ssd_stats.predict({"p_hit": None}, 4, 1, 4.0) is None
+
+
+def test_bench_configs_arrangements() -> None:
+    cfgs = ssd_bench.bench_configs("T", "D")
+    names = [c.name for c in cfgs]
+    assert names == ["AR-1c", "STANDALONE-1c", "SYNC-1c", "AR-2c", "STANDALONE-2c", "SYNC-1+1c",
+                     "SSD-1+1c"]  # fmt: skip
+    by = {c.name: c for c in cfgs}
+    assert by["AR-1c"].cpus == (0,) and by["STANDALONE-2c"].cpus == (0, 1)
+    assert harness.flag_value(by["SSD-1+1c"].args, "--ssd-draft-cpus") == "1"
+    assert harness.flag_value(by["SYNC-1c"].args, "--ssd-mode") == "sync"
+    assert harness.flag_value(by["SYNC-1c"].args, "--ssd-draft-cpus") is None  # shares core 0
+    assert {c.lookahead for c in cfgs if c.algorithm != "NONE"} == {4}
+    assert [c.name for c in ssd_bench.bench_configs("T", "D", ["paper"])][-1] == "SSD-1+1c"
+    with pytest.raises(ValueError):
+        ssd_bench.bench_configs("T", "D", ["nope"])
+    with pytest.raises(ValueError):
+        ssd_bench.bench_configs("T", "D", target_cpu=1, draft_cpu=1)
+
+
+@pytest.fixture(scope="module")
+def tiny_bench(tiny_target: Path, tiny_draft: Path, tmp_path_factory: pytest.TempPathFactory):
+    out_dir = tmp_path_factory.mktemp("ssd-bench")
+    tok = datasets.load_tokenizer(tiny_target)
+    prompts = datasets.load_prompts(datasets.HUMANEVAL, tok, 2)
+    tiny = ("--dtype", "float32", "--max-total-tokens", "4096")
+    cfgs = [
+        configs.autoregressive(tiny_target, name="AR-2c", extra=tiny),
+        configs.ssd(tiny_target, tiny_draft, name="SSD-1+1c", extra=tiny),
+    ]
+    settings = harness.RunSettings(sampling=Sampling(max_new_tokens=16), concurrent_servers=True)
+    return harness.run_interleaved(cfgs, prompts, settings, log_dir=out_dir / "logs")
+
+
+def test_live_ssd_batches_carry_counters_and_a_prediction(tiny_bench: dict[str, Any]) -> None:
+    ssd_batches = [b for b in tiny_bench["batches"] if b["config"] == "SSD-1+1c"]
+    assert len(ssd_batches) == 2
+    assert all(b["ssd"]["rounds"] > 0 for b in ssd_batches)
+    assert not any("ssd" in b for b in tiny_bench["batches"] if b["config"] == "AR-2c")
+    m = tiny_bench["summary"]["configs"]["SSD-1+1c"]["ssd"]
+    assert 0.0 <= m["p_hit"] <= 1.0 and m["target_s"] > 0
+    (row,) = [r for r in ssd_bench.comparisons(tiny_bench) if r["baseline"] == "AR-2c"]
+    assert row["speedup"] > 0 and row["predicted"] is not None and row["aim"] is None
+    assert "SSD-1+1c" in ssd_bench.format_comparisons([row])
