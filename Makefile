@@ -10,7 +10,7 @@ INSTALL_INPUTS := scripts/install.sh scripts/install_placeholders.py scripts/app
 SERVE_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install models serve test test-unit lint bench gpu-check clean
+.PHONY: install models serve test test-unit lint bench bench-quick gpu-check clean
 
 install: $(STAMP)
 
@@ -34,8 +34,12 @@ test-unit: install
 test: lint models
 	$(VPY) -m pytest $(PYTEST_ARGS)
 
+# The paper's experiments, figures and report (resumes an interrupted run); see README.
 bench: models
-	$(VPY) -m eval $(BENCH_ARGS)
+	$(VPY) -m eval all $(BENCH_ARGS)
+
+bench-quick: models
+	$(VPY) -m eval all --quick $(BENCH_ARGS)
 
 gpu-check: install
 	$(VPY) scripts/gpu_check.py

@@ -7,6 +7,8 @@
 - `configs`: named configurations (AR, STANDALONE, ...) and a JSON loader.
 - `cpuload`, `provenance`: how busy the machine was; machine, versions and git state.
 - `summary`: tok/s, accept length, ratios, output identity, the printed table.
+- `sweep`: the paper's experiments as plans of runs; sweeps of SSD's live settings on one server.
+- `figures`, `report`: PNGs and the markdown report from the results files.
 
 Run `python -m eval --help`.
 """

@@ -8,19 +8,26 @@ Subcommands:
             hardware (everything on both cores), with the speedup model's prediction.
   run       any configurations from a JSON file (a list of `Config` objects) on a prompt set.
   show      print the table of an existing results file.
+  sweep     a sweep over SSD's run-time settings on one SSD server (no restarts), with an AR
+            reference: `beta` (T = 0.7), `fanout` (geometric vs uniform), `backup` (batch 1, 2, 4).
+  figures   PNGs from the results files (eval/results/figures[-quick]/).
+  report    the figures plus eval/results/report[-quick].md with the tables.
+  all       the main comparison (AR, STANDALONE, sync, SSD on HumanEval and MT-Bench), every
+            sweep, then figures and report; resumes an interrupted run unless --fresh.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from eval import configs as presets
-from eval import datasets, ssd_bench
+from eval import datasets, figures, report, ssd_bench, sweep
 from eval.client import Sampling
 from eval.harness import Config, RunSettings, run_interleaved
 from eval.summary import format_table
@@ -205,6 +212,78 @@ def cmd_show(a: argparse.Namespace) -> int:
     return 0
 
 
+def _add_experiment_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quick", action="store_true", help="a few prompts x tokens per point")
+    p.add_argument("--target", type=Path, help="target model folder (default: the pulled 1.5B)")
+    p.add_argument("--draft", type=Path, help="draft model folder (default: the pulled 0.5B)")
+    p.add_argument("--tokenizer", type=Path, help="model folder for the chat template")
+    p.add_argument(
+        "--cpus", type=_cpu_list, default=(0, 1), help="target CPU, draft CPU (default 0,1)"
+    )
+    p.add_argument("--lookahead", "--gamma", type=int, default=4, help="γ for every config")
+    p.add_argument("--results-dir", type=Path, default=RESULTS)
+    p.add_argument("--log-dir", type=Path, default=LOGS / "paper", help="server logs")
+    p.add_argument("--dry-run", action="store_true", help="print the plan and estimate, stop")
+
+
+def _plans(a: argparse.Namespace, kinds: Sequence[str], main: bool) -> list[sweep.Plan]:
+    if len(a.cpus) != 2:
+        raise SystemExit(f"--cpus needs exactly two CPUs (target, draft), got {list(a.cpus)}")
+    if a.target and a.draft:
+        target, draft = a.target, a.draft
+    else:
+        target, draft = presets.default_model_dirs()
+    configs = sweep.base_configs(
+        target, draft, lookahead=a.lookahead, target_cpu=a.cpus[0], draft_cpu=a.cpus[1]
+    )
+    prompts = sweep.prompt_source(a.tokenizer or Path(target))
+    plans = [sweep.main_plan(list(configs.values()), prompts, quick=a.quick)] if main else []
+    for kind in kinds:
+        plans += sweep.sweep_plans(kind, configs[sweep.AR], configs[sweep.SSD], prompts,
+                                   quick=a.quick)  # fmt: skip
+    for name, line in sweep.describe(plans).items():
+        print(f"{name}: {line}")
+    print(
+        f"estimated {sweep.estimate_s(plans) / 60:.0f} min on the real pair on 2 CPUs "
+        "(assumed speeds; resumed points are skipped)",
+        flush=True,
+    )
+    if a.dry_run:
+        raise SystemExit(0)
+    return plans
+
+
+def cmd_sweep(a: argparse.Namespace) -> int:
+    plans = _plans(a, [a.kind], main=False)
+    done = sweep.run_plans(plans, results_dir=a.results_dir, log_dir=a.log_dir, resume=a.resume)
+    for name, results in done.items():
+        print(f"\n{name}\n{format_table(results)}")
+    return 0
+
+
+def cmd_figures(a: argparse.Namespace) -> int:
+    drawn = figures.make_all(a.results_dir, a.quick)
+    for f in drawn:
+        print(f"{f.png}  <- {', '.join(p.name for p in f.sources)}")
+    print(f"{len(drawn)}/{len(figures.FIGURES)} figures drawn (missing inputs are logged)")
+    return 0
+
+
+def cmd_report(a: argparse.Namespace) -> int:
+    print(f"wrote {report.write_report(a.results_dir, a.quick, a.out)}")
+    return 0
+
+
+def cmd_all(a: argparse.Namespace) -> int:
+    plans = _plans(a, sweep.SWEEPS, main=True)
+    try:
+        sweep.run_plans(plans, results_dir=a.results_dir, log_dir=a.log_dir, resume=not a.fresh)
+    except ValueError as exc:  # an earlier run with other settings is in the way
+        raise SystemExit(f"{exc}; run with --fresh to start over") from exc
+    print(f"wrote {report.write_report(a.results_dir, a.quick)}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m eval",
@@ -244,11 +323,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--name", help="experiment name (default: the configs file's stem)")
     p.set_defaults(func=cmd_run)
 
+    p = sub.add_parser("sweep", help="a sweep over SSD's run-time settings, no restarts")
+    p.add_argument("kind", choices=sweep.SWEEPS)
+    _add_experiment_options(p)
+    p.add_argument("--resume", action="store_true", help="keep the points already measured")
+    p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser("figures", help="PNG figures from the results files")
+    p.add_argument("--quick", action="store_true", help="from the --quick results")
+    p.add_argument("--results-dir", type=Path, default=RESULTS)
+    p.set_defaults(func=cmd_figures)
+
+    p = sub.add_parser("report", help="figures plus the markdown report")
+    p.add_argument("--quick", action="store_true", help="from the --quick results")
+    p.add_argument("--results-dir", type=Path, default=RESULTS)
+    p.add_argument("--out", type=Path, help="report path (default <results-dir>/report.md)")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("all", help="main comparison, every sweep, figures and report")
+    _add_experiment_options(p)
+    p.add_argument("--fresh", action="store_true", help="discard earlier results, start over")
+    p.set_defaults(func=cmd_all)
+
     p = sub.add_parser("show", help="print the table of a results file")
     p.add_argument("results", type=Path)
     p.set_defaults(func=cmd_show)
 
     a = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")  # e.g. why a figure is skipped
     # SIGTERM must unwind like Ctrl-C, so that the servers' context managers stop them.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     return a.func(a)

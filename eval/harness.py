@@ -8,6 +8,11 @@ interleaving is one batch of b prompts: unit u goes to every configuration in tu
 order for even u and reverse order for odd u (A B, B A, A B, ...), so slow drift of the machine
 cancels between configurations. If the servers do not fit in memory together, each repeat starts
 them one at a time instead (still alternating the order).
+
+Sweeps over SSD's run-time settings share one server: configurations with the same `share` run on
+one server (started from the first of them), and each carries `admin` settings that the harness
+posts to `/ssd/config` before every unit of that configuration. A caller can also hand in servers
+it keeps alive across several runs (`servers=`), so a sweep needs no restart at all.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from eval import client, cpuload, provenance, ssd_stats
 from eval.datasets import Prompt
@@ -37,6 +42,9 @@ LAUNCHER_DEFAULT_LOOKAHEAD = 4
 # Memory of a server beyond its weight files (launcher, detokenizer and scheduler processes,
 # an 8192-token KV pool, activations): about 2.5 GiB per server for the real pair on CPU.
 SERVER_OVERHEAD_BYTES = 5 << 29
+T = TypeVar("T")
+# Running servers for the given configurations, keyed by `Config.server_name`; the caller owns them.
+ServerProvider = Callable[[Sequence["Config"]], Mapping[str, Server]]
 
 
 def flag_value(args: Sequence[str], flag: str) -> str | None:
@@ -61,6 +69,9 @@ class Config:
         threads: `OMP_NUM_THREADS` (default: ``len(cpus)`` when pinned, else unset).
         env: further environment overrides.
         notes: free text kept in the results (e.g. why a config is not lossless).
+        share: name of the server this configuration runs on; configurations with the same
+            `share` (and identical args, CPUs and environment) run on one server. None: its own.
+        admin: SSD run-time settings (`POST /ssd/config`) applied before each of its units.
     """
 
     name: str
@@ -69,6 +80,13 @@ class Config:
     threads: int | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     notes: str = ""
+    share: str | None = None
+    admin: Mapping[str, Any] | None = None
+
+    @property
+    def server_name(self) -> str:
+        """The server this configuration runs on (its log file is named after it)."""
+        return self.share or self.name
 
     @property
     def algorithm(self) -> str:
@@ -84,7 +102,7 @@ class Config:
         return int(steps) if steps is not None else LAUNCHER_DEFAULT_LOOKAHEAD
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "name": self.name,
             "args": list(self.args),
             "cpus": list(self.cpus) if self.cpus is not None else None,
@@ -94,6 +112,12 @@ class Config:
             "algorithm": self.algorithm,
             "lookahead": self.lookahead,
         }
+        # Only when set, so results written before these fields existed still resume.
+        if self.share is not None:
+            out["share"] = self.share
+        if self.admin is not None:
+            out["admin"] = dict(self.admin)
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Config:
@@ -105,16 +129,24 @@ class Config:
             threads=d.get("threads"),
             env=dict(d.get("env", {})),
             notes=d.get("notes", ""),
+            share=d.get("share"),
+            admin=d.get("admin"),
         )
+
+    def same_server(self, other: Config) -> bool:
+        """Whether `other` starts exactly the same server (args, pinning, environment)."""
+        return (self.args, self.cpus, self.threads, dict(self.env)) == (
+            other.args, other.cpus, other.threads, dict(other.env)
+        )  # fmt: skip
 
     def server(self, log_dir: Path, extra_args: Sequence[str] = (), **kw: Any) -> Server:
         return Server(
-            name=self.name,
+            name=self.server_name,
             args=[*self.args, *extra_args],
             cpus=self.cpus,
             threads=self.threads,
             env=self.env,
-            log_path=log_dir / f"{self.name}.log",
+            log_path=log_dir / f"{self.server_name}.log",
             **kw,
         )
 
@@ -139,12 +171,31 @@ def available_bytes() -> int:
 
 
 def fits_together(configs: Sequence[Config], margin: float = 0.8) -> bool:
-    return sum(estimated_server_bytes(c) for c in configs) <= margin * available_bytes()
+    first = {c.server_name: c for c in reversed(configs)}  # one per server
+    return sum(estimated_server_bytes(c) for c in first.values()) <= margin * available_bytes()
 
 
-def interleaved_order(configs: Sequence[Config], unit: int) -> list[Config]:
+def interleaved_order(items: Sequence[T], unit: int) -> list[T]:
     """Forward order for even units, reverse for odd ones."""
-    return list(configs) if unit % 2 == 0 else list(reversed(configs))
+    return list(items) if unit % 2 == 0 else list(reversed(items))
+
+
+def server_groups(configs: Sequence[Config]) -> dict[str, list[Config]]:
+    """Configurations by the server they run on, in order of first appearance.
+
+    Raises:
+        ValueError: if configurations sharing a server differ in how it is started, or one of
+            several sharing it has no `admin` settings (it would inherit the previous ones).
+    """
+    groups: dict[str, list[Config]] = {}
+    for c in configs:
+        groups.setdefault(c.server_name, []).append(c)
+    for key, members in groups.items():
+        if any(not m.same_server(members[0]) for m in members[1:]):
+            raise ValueError(f"configurations sharing server {key!r} differ in args, CPUs or env")
+        if len(members) > 1 and any(m.admin is None for m in members):
+            raise ValueError(f"each configuration sharing server {key!r} needs `admin` settings")
+    return groups
 
 
 def _batches(prompts: Sequence[Prompt], size: int) -> list[list[Prompt]]:
@@ -248,6 +299,8 @@ def run_interleaved(
     metadata: Mapping[str, Any] | None = None,
     progress: Callable[[str], None] | None = None,
     resume: bool = False,
+    servers: ServerProvider | None = None,
+    on_batch: Callable[[Mapping[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Run every prompt on every configuration, interleaved; return (and write) the results.
 
@@ -261,13 +314,19 @@ def run_interleaved(
         progress: called with a short line after each batch.
         resume: if `out_path` holds an unfinished run of the same configurations, prompts and
             settings, keep its batches and run only the missing ones.
+        servers: running servers to use instead of starting them (called with the first
+            configuration of each server, only if some unit is left to run); the caller stops them.
+        on_batch: called with each new batch record.
     """
     settings = settings or RunSettings()
     names = [c.name for c in configs]
     if len(set(names)) != len(names):
         raise ValueError(f"configuration names must be unique: {names}")
+    groups = server_groups(configs)
     concurrent = settings.concurrent_servers
-    if concurrent is None:
+    if servers is not None:
+        concurrent = True
+    elif concurrent is None:
         concurrent = fits_together(configs)
     results: dict[str, Any] = {
         "schema": SCHEMA,
@@ -296,6 +355,7 @@ def run_interleaved(
             return
         if settings.flush_cache:
             client.flush_cache(server.url)
+        applied = ssd_stats.configure(server.url, config.admin) if config.admin else None
         waited = 0.0
         if settings.quiet_threshold is not None:
             waited = cpuload.wait_until_quiet(
@@ -327,12 +387,19 @@ def run_interleaved(
                 "requests": [r.to_json() for r in res.requests],
             }
         )
+        record = results["batches"][-1]
+        if applied is not None:
+            record["admin"] = applied  # the settings in force, as the server reports them
         ssd_after = ssd_stats.fetch(server.url) if ssd_before is not None else None
         if ssd_before is not None and ssd_after is not None:
             # SSD's own per-round counters over this batch (cache hits, timers, acceptance).
-            results["batches"][-1]["ssd"] = ssd_stats.delta(
+            record["ssd"] = ssd_stats.delta(
                 ssd_stats.totals(ssd_before), ssd_stats.totals(ssd_after)
             )
+            if ssd_after.get("fallback"):  # the miss policy's view after it (b*, estimates)
+                record["fallback"] = ssd_after["fallback"]
+        if on_batch:
+            on_batch(record)
         errors = [r.error for r in res.requests if r.error]
         if progress:
             foreign = results["batches"][-1]["foreign_cpu_s"] / max(res.wall_s, 1e-9)
@@ -363,59 +430,69 @@ def run_interleaved(
             client.generate(server.url, "warmup", prompts[0].input_ids, warm)
         if progress:
             progress(
-                f"{config.name}: ready in {server.info['startup_s']:.0f} s "
+                f"{config.server_name}: ready in {server.info['startup_s']:.0f} s "
                 f"({server.info['command_line']})"
             )
 
-    def start_all(stack: contextlib.ExitStack) -> dict[str, Server]:
-        servers = {c.name: new_server(c) for c in configs}
-        for server in reversed(servers.values()):
-            stack.push(server)  # stopped on exit, also when a later start fails
-        # Runs first on exit: all servers shut down at once instead of one after the other.
-        stack.callback(lambda: [s.terminate() for s in servers.values()])
-        workers = len(servers) if settings.parallel_start else 1
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            futures = [pool.submit(s.start) for s in servers.values()]
+    def record_servers(running: Mapping[str, Server]) -> None:
         for config in configs:
-            by_name[config.name]["servers"].append(servers[config.name].info)
-        for f in futures:
-            f.result()  # re-raise the first startup failure
-        for config in configs:
-            ready(config, servers[config.name])
-        return servers
+            if config.server_name in running:
+                by_name[config.name]["servers"].append(running[config.server_name].info)
 
-    def start_one(config: Config, stack: contextlib.ExitStack) -> Server:
-        server = new_server(config)
+    def start_all(stack: contextlib.ExitStack) -> dict[str, Server]:
+        if servers is not None:
+            running = dict(servers([members[0] for members in groups.values()]))
+            record_servers(running)
+        else:
+            running = {key: new_server(members[0]) for key, members in groups.items()}
+            for server in reversed(running.values()):
+                stack.push(server)  # stopped on exit, also when a later start fails
+            # Runs first on exit: all servers shut down at once instead of one after the other.
+            stack.callback(lambda: [s.terminate() for s in running.values()])
+            workers = len(running) if settings.parallel_start else 1
+            with ThreadPoolExecutor(max_workers=workers) as pool:
+                futures = [pool.submit(s.start) for s in running.values()]
+            record_servers(running)
+            for f in futures:
+                f.result()  # re-raise the first startup failure
+        for key, members in groups.items():
+            ready(members[0], running[key])
+        return running
+
+    def start_one(members: Sequence[Config], stack: contextlib.ExitStack) -> Server:
+        server = new_server(members[0])
         try:
             stack.enter_context(server)
         finally:
-            by_name[config.name]["servers"].append(server.info)
-        ready(config, server)
+            record_servers({members[0].server_name: server})
+        ready(members[0], server)
         return server
 
     try:
         todo = settings.repeats * len(batches) * len(configs) - len(done)
         if concurrent and todo > 0:
             with contextlib.ExitStack() as stack:
-                servers = start_all(stack)
+                running = start_all(stack)
                 save()
                 unit = 0
                 for repeat in range(settings.repeats):
                     for batch in batches:
                         for config in interleaved_order(configs, unit):
-                            run_unit(servers[config.name], config, repeat, unit, batch)
+                            run_unit(running[config.server_name], config, repeat, unit, batch)
                         save()
                         unit += 1
         elif todo > 0:
             for repeat in range(settings.repeats):
-                for config in interleaved_order(configs, repeat):
+                for key in interleaved_order(list(groups), repeat):
+                    members = groups[key]
                     units = range(repeat * len(batches), (repeat + 1) * len(batches))
-                    if all((config.name, repeat, u) in done for u in units):
+                    if all((c.name, repeat, u) in done for c in members for u in units):
                         continue
                     with contextlib.ExitStack() as stack:
-                        server = start_one(config, stack)
-                        for j, batch in enumerate(batches):
-                            run_unit(server, config, repeat, repeat * len(batches) + j, batch)
+                        server = start_one(members, stack)
+                        for unit, batch in zip(units, batches, strict=True):
+                            for config in interleaved_order(members, unit):
+                                run_unit(server, config, repeat, unit, batch)
                         save()
     except BaseException as exc:
         if results["status"] == "running":

@@ -4,7 +4,8 @@
 cumulative totals, `delta` subtracts two snapshots (taken before and after a measured batch), and
 `predict` feeds the measured cache hit rate, acceptance and latencies into
 `sglang_ssd.saguaro.expected_speedup` (paper Theorem 7, DESIGN.md §1) so a benchmark can put the
-model's speedup next to the measured one.
+model's speedup next to the measured one. `configure` changes SSD's run-time settings
+(`POST /ssd/config`), which is how sweeps move between points without a restart.
 """
 
 from __future__ import annotations
@@ -27,6 +28,24 @@ def fetch(url: str) -> dict[str, Any] | None:
     except requests.RequestException:
         return None
     return reply.json() if reply.ok else None
+
+
+def configure(url: str, changes: Mapping[str, Any]) -> dict[str, Any]:
+    """`POST {url}/ssd/config` with `changes`; returns the settings in force afterwards.
+
+    Raises:
+        RuntimeError: when the server refuses the change or does not answer.
+    """
+    try:
+        # The reply waits for the speculator's acknowledgement (a round at most when idle).
+        reply = requests.post(f"{url}/ssd/config", json=dict(changes), timeout=3 * TIMEOUT_S)
+    except requests.RequestException as exc:
+        raise RuntimeError(f"POST /ssd/config {dict(changes)}: {exc}") from exc
+    if not reply.ok:
+        raise RuntimeError(
+            f"POST /ssd/config {dict(changes)}: HTTP {reply.status_code} {reply.text}"
+        )
+    return dict(reply.json().get("config", {}))
 
 
 def totals(stats: Mapping[str, Any]) -> dict[str, float]:

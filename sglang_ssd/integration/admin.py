@@ -13,6 +13,7 @@ tells the speculator.
 from __future__ import annotations
 
 import atexit
+import copy
 import json
 import logging
 import os
@@ -88,7 +89,8 @@ def settings(worker: Any) -> dict[str, Any]:
 
 
 def stats(worker: Any) -> dict[str, Any]:
-    """Per-round averages on both sides, cache hit rate, backup rounds, faults and restarts."""
+    """Per-round averages on both sides, cache hit rate, backup rounds, faults and restarts, and
+    the miss policy's b* (`fallback`)."""
     out: dict[str, Any] = _timer_summary(worker.timer)
     for prefix, key in (("source_", "rounds_by_source"), ("accepted_", "accepted_by_source")):
         grouped = {k[len(prefix) :]: v for k, v in out.items() if k.startswith(prefix)}
@@ -106,7 +108,32 @@ def stats(worker: Any) -> dict[str, Any]:
         if name in speculator:
             out[name] = speculator[name]
     out["speculator"] = speculator
+    policy = getattr(worker.provider, "policy", None)
+    if policy is not None:
+        try:
+            out["fallback"] = fallback(policy)
+        except Exception as exc:  # the scheduler thread may be updating it: keep the counters
+            out["fallback"] = {"error": f"{type(exc).__name__}: {exc}"}
     return out
+
+
+def fallback(policy: Any) -> dict[str, Any]:
+    """The cache-miss policy's state: its mode, b* as set and b* that `auto` would pick from the
+    current measurements (the same as b* in auto mode; what a forced backup is compared with)."""
+    auto = copy.copy(policy)  # shallow: reads the live estimates, changes only the copy's mode
+    auto.mode = "auto"
+    mode = getattr(policy.mode, "value", policy.mode)
+    return {
+        "mode": mode,
+        "batch_threshold": policy.batch_threshold(),
+        "auto_batch_threshold": auto.batch_threshold(),
+        "p_hit": policy.p_hit,
+        "alpha_hit": policy.alpha_hit,
+        "backups": {
+            getattr(k, "value", k): {"alpha": v.alpha, "latency_s": v.latency}
+            for k, v in dict(policy.backups).items()
+        },
+    }
 
 
 def _timer_summary(timer: Any, attempts: int = 3) -> dict[str, Any]:

@@ -196,6 +196,19 @@ def test_admin_stats_and_errors() -> None:
     assert admin.handle(FakeWorker(), b"{not json")["status"] == 400
 
 
+def test_admin_stats_report_the_fallback_threshold() -> None:
+    from sglang_ssd.target.speculator_client import default_policy
+
+    worker = FakeWorker()
+    worker.provider.policy = default_policy(SSDConfig(backup="jit"))
+    body = _ask(worker, op="stats")["body"]["fallback"]
+    assert body["mode"] == "jit" and body["batch_threshold"] is None  # forced JIT never leaves
+    auto = default_policy(SSDConfig())
+    assert body["auto_batch_threshold"] == auto.batch_threshold()
+    assert set(body["backups"]) == {"jit", "ngram", "random"}
+    assert worker.provider.policy.mode == "jit"  # the copy changed, not the live policy
+
+
 def test_admin_socket_round_trip(tmp_path) -> None:
     address = f"ipc://{tmp_path}/admin"
     admin.AdminServer(FakeWorker(), address).start()
