@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 
 from sglang_ssd.testing import TinySpec, make_tiny_model
+
+# The Triton reference kernels of tests/kernels run on Triton's CPU interpreter, which must be on
+# when triton is first imported (it jits its own helpers then). Some test modules import SGLang,
+# which imports triton, and may be collected first: import it here, before any of them.
+sys.path.insert(0, str(Path(__file__).parent / "kernels"))
+import sglang_source  # noqa: F401
 
 
 @pytest.fixture(scope="session")
