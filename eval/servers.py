@@ -30,10 +30,27 @@ import requests
 
 LAUNCHER = ("-m", "sglang_ssd.launch_server")
 HEALTH_PATHS = ("/health_generate", "/health")
+# uvicorn's message when the HTTP port was taken; the server then waits forever to shut down.
+BIND_ERROR = b"error while attempting to bind on address"
+PORT_ATTEMPTS = 3
+
+
+def _log_has(path: Path, start: int, needle: bytes) -> bool:
+    """Whether `needle` occurs in the file `path` from byte offset `start` on."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(start)
+            return needle in f.read()
+    except OSError:
+        return False
 
 
 class ServerError(RuntimeError):
     """A server failed to start, died, or could not be stopped cleanly."""
+
+
+class PortInUse(ServerError):
+    """Another process bound the server's port first."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -184,9 +201,25 @@ class Server:
         return " ".join([*parts, *(shlex.quote(a) for a in self.argv())])
 
     def start(self) -> Server:
-        """Launch and wait until the server answers; raises `ServerError` with the log tail."""
+        """Launch and wait until the server answers; raises `ServerError` with the log tail.
+
+        When the port was picked here (`port` None) and something else bound it between the
+        pick and the server's bind (SGLang draws its internal ports at random too), the server
+        is stopped and started again on another port, up to `PORT_ATTEMPTS` times.
+        """
         if self.proc is not None:
             raise ServerError(f"{self.name}: already started")
+        picked = self.port is None
+        for attempt in range(PORT_ATTEMPTS):
+            try:
+                return self._start_once()
+            except PortInUse:
+                if not picked or attempt == PORT_ATTEMPTS - 1:
+                    raise
+                self.proc, self.port = None, None
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> Server:
         if self.port is None:
             self.port = free_port(self.host)
         if self.log_path is None:
@@ -197,6 +230,7 @@ class Server:
         with open(self.log_path, "ab") as log:
             log.write(f"# {self.command_line()}\n".encode())
             log.flush()
+            log_start = log.tell()
             self.proc = subprocess.Popen(
                 self.argv(),
                 stdout=log,
@@ -218,7 +252,7 @@ class Server:
             "started_at": started,
         }
         try:
-            self._wait_ready(started)
+            self._wait_ready(started, log_start)
         except BaseException:
             self.stop(check_port=False)
             raise
@@ -226,10 +260,14 @@ class Server:
         self.info["processes"] = self.processes()
         return self
 
-    def _wait_ready(self, started: float) -> None:
-        assert self.proc is not None
+    def _wait_ready(self, started: float, log_start: int = 0) -> None:
+        assert self.proc is not None and self.log_path is not None
         deadline = started + self.startup_timeout
         while time.time() < deadline:
+            if _log_has(self.log_path, log_start, BIND_ERROR):
+                raise PortInUse(
+                    f"{self.name}: port {self.port} was taken before the server bound it"
+                )
             if self.proc.poll() is not None:
                 raise ServerError(
                     f"{self.name}: exited with status {self.proc.returncode} during startup\n"

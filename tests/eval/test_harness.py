@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -265,3 +267,36 @@ def test_failed_start_raises_with_log_and_cleans_up(tmp_path: Path) -> None:
     assert bad.proc is None and servers.port_is_free(bad.info["port"])
     assert not servers._group_pids(bad.info["pid"])
     assert os.path.getsize(tmp_path / "bad.log") > 0
+
+
+def test_port_taken_before_bind_is_retried_on_another_port(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A stand-in launcher: uvicorn's bind error (and a hang, as SGLang does) on the taken port,
+    # else a plain HTTP server whose /health answers 200.
+    (tmp_path / "health").write_text("ok")
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        taken = held.getsockname()[1]
+        launcher = tmp_path / "launcher.sh"
+        launcher.write_text(
+            "#!/bin/bash\n"
+            'port="${@: -1}"\n'
+            f'if [ "$port" = "{taken}" ]; then\n'
+            '  echo "ERROR: [Errno 98] error while attempting to bind on address '
+            "('127.0.0.1', $port): address already in use\"; sleep 600\n"
+            "fi\n"
+            f'cd {tmp_path} && exec {sys.executable} -m http.server --bind 127.0.0.1 "$port"\n'
+        )
+        launcher.chmod(0o755)
+        ports = iter([taken, servers.free_port()])
+        monkeypatch.setattr(servers, "free_port", lambda host="127.0.0.1": next(ports))
+        server = servers.Server("retry", [], python=str(launcher), log_path=tmp_path / "s.log")
+        with server:
+            assert server.port != taken and server.info["port"] == server.port
+        assert "address already in use" in (tmp_path / "s.log").read_text()
+        pinned = servers.Server(
+            "pinned", [], python=str(launcher), port=taken, log_path=tmp_path / "p.log"
+        )
+        with pytest.raises(servers.PortInUse):
+            pinned.start()
