@@ -150,46 +150,35 @@ def dataset_rows(results: Mapping[str, Any]) -> dict[str, dict[str, float]]:
     return {c: {d: t / s for d, (t, s) in sums[c].items() if s > 0} for c in order}
 
 
-def beta_rows(results: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Per β point: hit rate, accept length, acceptance (L − 1)/γ and tok/s."""
+def _sweep_rows(
+    results: Mapping[str, Any], settings: Mapping[str, str], stats: Sequence[str]
+) -> list[dict[str, Any]]:
+    """One row per sweep point (a configuration with runtime `admin` settings): its name, the
+    `settings` (row key -> admin key) and the summary `stats` (``hit_rate`` is SSD's p_hit)."""
     summary = summary_of(results)
     rows = []
     for c in results["configs"]:
         if not c.get("admin"):
             continue
         s = summary[c["name"]]
-        rows.append(
-            {
-                "config": c["name"],
-                "beta": c["admin"]["beta"],
-                "hit_rate": (s.get("ssd") or {}).get("p_hit"),
-                "accept_length": s.get("accept_length"),
-                "acceptance_rate": s.get("acceptance_rate"),
-                "tok_per_s": s["tok_per_s"],
-            }
-        )
+        row = {"config": c["name"], **{k: c["admin"][a] for k, a in settings.items()}}
+        for stat in stats:
+            row[stat] = (s.get("ssd") or {}).get("p_hit") if stat == "hit_rate" else s.get(stat)
+        rows.append(row)
+    return rows
+
+
+def beta_rows(results: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Per β point: hit rate, accept length, acceptance (L − 1)/γ and tok/s."""
+    stats = ("hit_rate", "accept_length", "acceptance_rate", "tok_per_s")
+    rows = _sweep_rows(results, {"beta": "beta"}, stats)
     return sorted(rows, key=lambda r: -r["beta"])
 
 
 def fanout_rows(results: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Per live fan-out point: shape, budget, hit rate, accept length, tok/s."""
-    summary = summary_of(results)
-    rows = []
-    for c in results["configs"]:
-        if not c.get("admin"):
-            continue
-        s = summary[c["name"]]
-        rows.append(
-            {
-                "config": c["name"],
-                "fanout": c["admin"]["fanout"],
-                "budget": c["admin"]["fanout_budget"],
-                "hit_rate": (s.get("ssd") or {}).get("p_hit"),
-                "accept_length": s.get("accept_length"),
-                "tok_per_s": s["tok_per_s"],
-            }
-        )
-    return rows
+    settings = {"fanout": "fanout", "budget": "fanout_budget"}
+    return _sweep_rows(results, settings, ("hit_rate", "accept_length", "tok_per_s"))
 
 
 def trace_rows(path: Path) -> tuple[int | None, list[dict[str, Any]]]:
