@@ -36,12 +36,7 @@ def autoregressive(
     extra: Sequence[str] = (),
 ) -> Config:
     """Plain decoding of the target (`--speculative-algorithm NONE`)."""
-    args = (
-        "--model-path", str(target),
-        "--dtype", DTYPE,
-        "--max-total-tokens", str(MAX_TOTAL_TOKENS),
-        "--speculative-algorithm", "NONE",
-    )  # fmt: skip
+    args = _target_args(target, "NONE")
     return Config(name, (*args, *extra), _cpus(cpus), threads)
 
 
@@ -58,14 +53,8 @@ def standalone(
 ) -> Config:
     """SGLang's own draft-model speculative decoding: chain of γ draft tokens (top-k 1)."""
     args = (
-        "--model-path", str(target),
-        "--dtype", DTYPE,
-        "--max-total-tokens", str(MAX_TOTAL_TOKENS),
-        "--speculative-algorithm", "STANDALONE",
-        "--speculative-draft-model-path", str(draft),
-        "--speculative-num-steps", str(lookahead),
-        "--speculative-eagle-topk", str(topk),
-        "--speculative-num-draft-tokens", str(lookahead + 1),
+        *_target_args(target, "STANDALONE"),
+        *_chain_draft_args(draft, lookahead, str(topk)),
     )  # fmt: skip
     notes = "SGLang's verify is greedy on CPU: not lossless at temperature > 0"
     return Config(name, (*args, *extra), _cpus(cpus), threads, notes=notes)
@@ -89,14 +78,8 @@ def ssd(
     the launcher's split, i.e. the last core, or the only core shared when `cpus` has one).
     """
     args = (
-        "--model-path", str(target),
-        "--dtype", DTYPE,
-        "--max-total-tokens", str(MAX_TOTAL_TOKENS),
-        "--speculative-algorithm", "SSD",
-        "--speculative-draft-model-path", str(draft),
-        "--speculative-num-steps", str(lookahead),
-        "--speculative-eagle-topk", "1",
-        "--speculative-num-draft-tokens", str(lookahead + 1),
+        *_target_args(target, "SSD"),
+        *_chain_draft_args(draft, lookahead, "1"),
         "--ssd-mode", mode,
     )  # fmt: skip
     if draft_cpus:
@@ -122,6 +105,26 @@ def load_configs(path: Path) -> list[Config]:
     if isinstance(data, dict):
         data = data["configs"]
     return [Config.from_dict(d) for d in data]
+
+
+def _target_args(target: Path | str, algorithm: str) -> tuple[str, ...]:
+    """The flags every configuration pins: target, dtype, KV pool and the algorithm."""
+    return (
+        "--model-path", str(target),
+        "--dtype", DTYPE,
+        "--max-total-tokens", str(MAX_TOTAL_TOKENS),
+        "--speculative-algorithm", algorithm,
+    )  # fmt: skip
+
+
+def _chain_draft_args(draft: Path | str, lookahead: int, topk: str) -> tuple[str, ...]:
+    """Draft model and γ: γ steps of top-k drafting, γ + 1 tokens verified."""
+    return (
+        "--speculative-draft-model-path", str(draft),
+        "--speculative-num-steps", str(lookahead),
+        "--speculative-eagle-topk", topk,
+        "--speculative-num-draft-tokens", str(lookahead + 1),
+    )  # fmt: skip
 
 
 def _cpus(cpus: Sequence[int] | None) -> tuple[int, ...] | None:
