@@ -528,7 +528,7 @@ _WORKER: dict[str, Any] = {}
 
 def _replay_worker_init(draft_dir: str, kv_slots: int, cpus: Any) -> None:
     """Pool initializer: pin to one free core (one torch thread) and load the draft once."""
-    from sglang_ssd.speculator.affinity import pin_process
+    from sglang_ssd.placement import pin_process
 
     pin_process([cpus.get()])
     _WORKER["model"] = DraftModel.load(draft_dir, num_slots=kv_slots)

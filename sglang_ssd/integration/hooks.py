@@ -96,7 +96,7 @@ def _add_admin_routes(*args: Any, **kwargs: Any) -> None:
 # ------------------------------------------------------------------ scheduler process
 def _start_admin_server(result: Any, scheduler: Any, *args: Any, **kwargs: Any) -> None:
     """Once the scheduler has built its SSD worker, serve the admin bridge for it."""
-    from sglang_ssd.worker import SSDWorker
+    from sglang_ssd.worker.ssd_worker import SSDWorker
 
     worker = getattr(scheduler, "draft_worker", None)
     port_args = kwargs.get("port_args", args[1] if len(args) > 1 else None)

@@ -1,8 +1,8 @@
 """Per-request SSD metrics in `meta_info`: `ssd_rounds`, `ssd_cache_hit_rate`, `ssd_backup_rounds`.
 
 Path through SGLang (scheduler → detokenizer → tokenizer manager):
-1. `SSDWorker` calls `count_request_rounds` each decode round: every request's draft source
-   (``cache`` or a backup kind) is counted on its `Req`.
+1. `SSDWorker` calls `worker.metrics.count_request_rounds` each decode round: every
+   request's draft source (``cache`` or a backup kind) is counted on its `Req`.
 2. The scheduler's output streamer (`SSDOutputStreamer`, chosen by a hook on
    `Scheduler.get_output_streamer_class`) attaches each emitted request's running totals to the
    batch output as the customized-info key ``ssd`` (SGLang's extension point for extra
@@ -14,38 +14,15 @@ Path through SGLang (scheduler → detokenizer → tokenizer manager):
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from sglang_ssd.integration.registration import is_ssd
+from sglang_ssd.worker.metrics import snapshot
 
 INFO_KEY = "ssd"
 CACHE = "cache"
 BACKUP_KINDS = ("jit", "ngram", "random", "local-ngram")
-_REQ_ATTR = "ssd_draft_sources"
-
-
-def count_request_rounds(reqs: Sequence[Any], sources: Sequence[str]) -> None:
-    """Count one decode round for each request by where its draft came from.
-
-    Args:
-        reqs: the batch's SGLang `Req`s.
-        sources: per request, ``cache`` or the backup that drafted it (same order as `reqs`).
-    """
-    for req, source in zip(reqs, sources, strict=True):
-        counts = getattr(req, _REQ_ATTR, None)
-        if counts is None:
-            counts = Counter()
-            setattr(req, _REQ_ATTR, counts)
-        counts[source] += 1
-
-
-def snapshot(req: Any) -> dict[str, int]:
-    """The request's round counts by draft source (empty before its first decode round)."""
-    return dict(getattr(req, _REQ_ATTR, None) or {})
-
-
 def meta_info_fields(counts: dict[str, int]) -> dict[str, Any]:
     """The `meta_info` fields for a request's round counts by draft source.
 

@@ -19,7 +19,7 @@ import time
 import torch
 
 from sglang_ssd.config import SSDConfig, parse_cpu_list
-from sglang_ssd.speculator.affinity import pin_process
+from sglang_ssd.placement import pin_process
 from sglang_ssd.speculator.draft_model import DraftModel
 from sglang_ssd.speculator.engine import SpeculatorEngine
 from sglang_ssd.speculator.server import SpeculatorServer

@@ -11,6 +11,7 @@ import pytest
 
 from sglang_ssd.config import SSDConfig
 from sglang_ssd.integration import admin, request_checks, request_metrics, scheduler_metrics
+from sglang_ssd.worker import metrics as worker_metrics
 
 
 @pytest.mark.parametrize(
@@ -90,11 +91,11 @@ def test_round_counts_live_on_requests() -> None:
         pass
 
     a, b = Req(), Req()
-    request_metrics.count_request_rounds([a, b], ["cache", "ngram"])
-    request_metrics.count_request_rounds([a], ["cache"])
-    assert request_metrics.snapshot(a) == {"cache": 2}
-    assert request_metrics.snapshot(b) == {"ngram": 1}
-    assert request_metrics.snapshot(Req()) == {}
+    worker_metrics.count_request_rounds([a, b], ["cache", "ngram"])
+    worker_metrics.count_request_rounds([a], ["cache"])
+    assert worker_metrics.snapshot(a) == {"cache": 2}
+    assert worker_metrics.snapshot(b) == {"ngram": 1}
+    assert worker_metrics.snapshot(Req()) == {}
 
 
 def test_update_meta_info_takes_out_the_ssd_key() -> None:
@@ -197,7 +198,7 @@ def test_admin_stats_and_errors() -> None:
 
 
 def test_admin_stats_report_the_fallback_threshold() -> None:
-    from sglang_ssd.target.speculator_client import default_policy
+    from sglang_ssd.worker.speculator_client import default_policy
 
     worker = FakeWorker()
     worker.provider.policy = default_policy(SSDConfig(backup="jit"))

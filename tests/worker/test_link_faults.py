@@ -27,12 +27,12 @@ from typing import Any, ClassVar
 import psutil
 import pytest
 
-import sglang_ssd.target.speculator_client as client_module
+import sglang_ssd.worker.speculator_client as client_module
 from sglang_ssd.config import SSDConfig
 from sglang_ssd.speculator import __main__ as speculator_main
 from sglang_ssd.speculator.server import SpeculatorServer
-from sglang_ssd.target.speculator_client import SpeculatorClient
-from sglang_ssd.target.speculator_process import Placement
+from sglang_ssd.worker.speculator_client import SpeculatorClient
+from sglang_ssd.worker.supervisor import Placement
 from sglang_ssd.transport import (
     PROTOCOL_VERSION,
     Close,

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -77,3 +79,28 @@ class RoundTimer:
         for source, count in self.accepted_by_source.items():
             out[f"accepted_{source}"] = count
         return out
+
+
+# Per-request draft-source counts live on SGLang's `Req` under this attribute
+# (read back by `sglang_ssd.integration.request_metrics` for `meta_info`).
+_REQ_ATTR = "ssd_draft_sources"
+
+
+def count_request_rounds(reqs: Sequence[Any], sources: Sequence[str]) -> None:
+    """Count one decode round for each request by where its draft came from.
+
+    Args:
+        reqs: the batch's SGLang `Req`s.
+        sources: per request, ``cache`` or the backup that drafted it (same order as `reqs`).
+    """
+    for req, source in zip(reqs, sources, strict=True):
+        counts = getattr(req, _REQ_ATTR, None)
+        if counts is None:
+            counts = Counter()
+            setattr(req, _REQ_ATTR, counts)
+        counts[source] += 1
+
+
+def snapshot(req: Any) -> dict[str, int]:
+    """The request's round counts by draft source (empty before its first decode round)."""
+    return dict(getattr(req, _REQ_ATTR, None) or {})

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from sglang_ssd.saguaro import SamplingBatch, verify
-from sglang_ssd.target.draft_batch import DraftBatch
+from sglang_ssd.worker.draft_batch import DraftBatch
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang_ssd.target.metrics import RoundTimer
+from sglang_ssd.worker.metrics import RoundTimer
 
 
 def test_round_timer_splits_acceptance_by_draft_source() -> None:

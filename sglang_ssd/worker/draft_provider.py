@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from sglang_ssd.config import SSDConfig
 from sglang_ssd.saguaro import NgramSpeculator
-from sglang_ssd.target.draft_batch import DraftBatch, ngram_drafts
+from sglang_ssd.worker.draft_batch import DraftBatch, ngram_drafts
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ def make_provider(
     config: SSDConfig, draft_model_path: str, target_device: str, vocab_size: int
 ) -> DraftProvider:
     """The speculator client for `config` (it falls back to local n-gram drafts by itself)."""
-    from sglang_ssd.target.speculator_client import SpeculatorClient
+    from sglang_ssd.worker.speculator_client import SpeculatorClient
 
     return SpeculatorClient(
         config,

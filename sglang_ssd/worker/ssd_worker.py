@@ -27,11 +27,10 @@ from sglang.srt.speculative.ngram_info import NgramVerifyInput
 from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcache
 
 from sglang_ssd.config import SSDConfig
-from sglang_ssd.integration.request_metrics import count_request_rounds
 from sglang_ssd.saguaro import SamplingBatch
-from sglang_ssd.target.metrics import RoundTimer
-from sglang_ssd.target.provider import DraftProvider, make_provider
-from sglang_ssd.target.verify_step import verify_batch
+from sglang_ssd.worker.metrics import RoundTimer, count_request_rounds
+from sglang_ssd.worker.draft_provider import DraftProvider, make_provider
+from sglang_ssd.worker.verify_step import verify_batch
 
 logger = logging.getLogger(__name__)
 

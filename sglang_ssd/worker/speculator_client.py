@@ -21,10 +21,10 @@ import torch
 
 from sglang_ssd.config import SSDConfig
 from sglang_ssd.saguaro import Backup, BackupStats, FallbackPolicy
-from sglang_ssd.speculator.affinity import pin_process, split_cpus
-from sglang_ssd.target.draft_batch import DraftBatch
-from sglang_ssd.target.provider import LocalNgramProvider, request_tokens
-from sglang_ssd.target.speculator_process import Placement, SpeculatorProcess
+from sglang_ssd.placement import pin_process, split_cpus
+from sglang_ssd.worker.draft_batch import DraftBatch
+from sglang_ssd.worker.draft_provider import LocalNgramProvider, request_tokens
+from sglang_ssd.worker.supervisor import Placement, SpeculatorProcess
 from sglang_ssd.transport import (
     Close,
     Configure,
