@@ -1,5 +1,7 @@
-"""CPU placement: on CPU "its own device" means its own cores (DESIGN.md §2).
+"""Where target and speculator run: on GPU each its own device, on CPU each its own cores
+(DESIGN.md §2).
 
+`place` picks the speculator's `Placement` (and, on CPU, pins the calling target process).
 `pin_process` pins every thread of the calling process (Linux `sched_setaffinity` applies per
 thread, and OpenMP pools may already exist) and sets torch's intra-op thread count to match.
 `split_cpus` decides the default split: the speculator gets the last core, the target the rest.
@@ -8,10 +10,46 @@ thread, and OpenMP pools may already exist) and sets torch's intra-op thread cou
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import torch
+
+from sglang_ssd.config import SSDConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the speculator runs: `device` ("cpu" / "cuda:N") and, on CPU, its cores."""
+
+    device: str
+    cpus: tuple[int, ...] | None
+
+
+def place(config: SSDConfig, target_device: str) -> Placement:
+    """The speculator's placement next to a target on `target_device`.
+
+    On CUDA: `--ssd-draft-device`, else the GPU after the target's (the target's own when it is
+    the last). On CPU: the cores of `split_cpus(--ssd-draft-cpus)`; the calling (target) process
+    is pinned to the other cores.
+
+    Raises:
+        ValueError: from `split_cpus` / `pin_process` on an impossible CPU split.
+    """
+    if target_device.startswith("cuda"):
+        device = config.draft_device
+        if device is None:
+            index = torch.cuda.current_device() + 1
+            device = f"cuda:{index}" if index < torch.cuda.device_count() else target_device
+        return Placement(device=device, cpus=None)
+    target_cpus, draft_cpus = split_cpus(config.draft_cpus)
+    pin_process(target_cpus)
+    logger.info("SSD: target pinned to CPUs %s, speculator to %s", target_cpus, draft_cpus)
+    return Placement(device=config.draft_device or "cpu", cpus=tuple(draft_cpus))
 
 
 def available_cpus() -> list[int]:

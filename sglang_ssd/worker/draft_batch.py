@@ -1,4 +1,4 @@
-"""Drafts for one decode batch, as the target receives them, and the target-side n-gram source.
+"""Drafts for one decode batch, as the target receives them.
 
 Rows may have different draft lengths D_r ≤ γ (a cache hit carries the tree depth D, a backup
 carries γ); `tokens` is padded with -1. Only rows with `has_q` carry q; greedy and point-mass
@@ -7,12 +7,9 @@ rows do not.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-
-from sglang_ssd.saguaro import NgramSpeculator
 
 
 @dataclass
@@ -43,19 +40,3 @@ class DraftBatch:
             raise ValueError("DraftBatch fields disagree on the batch size")
         if self.q is not None and self.q.shape[:2] != self.tokens.shape:
             raise ValueError(f"q {tuple(self.q.shape)} does not match tokens {self.tokens.shape}")
-
-
-def ngram_drafts(
-    ngram: NgramSpeculator, sequences: Sequence[Sequence[int]], depth: int
-) -> DraftBatch:
-    """Point-mass drafts from each request's own tokens (the target's fallback while the
-    speculator is down; DESIGN.md §1)."""
-    tokens = ngram.propose_batch(sequences, depth).to(torch.int64)
-    b = len(sequences)
-    return DraftBatch(
-        tokens=tokens,
-        depth=torch.full((b,), depth, dtype=torch.int64),
-        q=None,
-        has_q=torch.zeros(b, dtype=torch.bool),
-        sources=["local-ngram"] * b,
-    )

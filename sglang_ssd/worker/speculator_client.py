@@ -1,12 +1,13 @@
-"""The target's handle on the speculator: request sync, Step/Drafts, faults and restarts.
+"""The target's requests and rounds over the link to the speculator: request sync, Step/Drafts,
+outcomes, and the admin messages.
 
 Each decode round `drafts(reqs)` (1) opens requests the speculator does not know yet (or whose
 tokens drifted, e.g. after a retraction) with their full token list, (2) sends one `Step` with
 the previous round's outcomes, the batch's rids and the backup `FallbackPolicy` picked for this
 batch size, and (3) waits at most `--ssd-speculator-timeout` for the drafts. Any fault (timeout,
-dead or stopped process, transport error) is logged, the speculator is killed and restarted in
-the background (with a growing backoff while restarts fail), and the target keeps serving with
-its own n-gram drafts meanwhile (DESIGN.md §1).
+dead or stopped process, transport error) goes to the `Supervisor`, which kills the speculator
+and restarts it in the background; the target keeps serving with its own n-gram drafts meanwhile
+(DESIGN.md §1).
 """
 
 from __future__ import annotations
@@ -20,11 +21,8 @@ from typing import Any
 import torch
 
 from sglang_ssd.config import SSDConfig
+from sglang_ssd.placement import place
 from sglang_ssd.saguaro import Backup, BackupStats, FallbackPolicy
-from sglang_ssd.placement import pin_process, split_cpus
-from sglang_ssd.worker.draft_batch import DraftBatch
-from sglang_ssd.worker.draft_provider import LocalNgramProvider, request_tokens
-from sglang_ssd.worker.supervisor import Placement, SpeculatorProcess
 from sglang_ssd.transport import (
     Close,
     Configure,
@@ -39,15 +37,13 @@ from sglang_ssd.transport import (
     Step,
     TargetLink,
     TransportError,
-    TransportTimeout,
 )
+from sglang_ssd.worker.draft_batch import DraftBatch
+from sglang_ssd.worker.draft_provider import LocalNgramProvider, request_tokens
+from sglang_ssd.worker.supervisor import SpeculatorProcess, Supervisor
 
 logger = logging.getLogger(__name__)
 
-STARTUP_TIMEOUT_S = 300.0
-RESTART_BACKOFF_S = 2.0  # first retry after a fault; doubles per failed restart
-RESTART_BACKOFF_MAX_S = 60.0
-ACCEPT_POLL_S = 2.0
 ALIVE_POLL_S = 0.25  # while waiting for drafts, how often to check the process is still there
 STATS_TIMEOUT_S = 5.0
 
@@ -71,150 +67,70 @@ def default_policy(config: SSDConfig) -> FallbackPolicy:
 
 
 class SpeculatorClient:
-    """A `DraftProvider` backed by the speculator process (see the module docstring)."""
+    """The target's drafts from the speculator process (see the module docstring); a
+    `DraftSource` that falls back to `LocalNgramProvider` while the speculator is down.
+
+    Raises (constructor): `TransportError` if the speculator does not start; `ValueError` on an
+    impossible CPU placement.
+    """
 
     def __init__(
         self, config: SSDConfig, draft_model_path: str, target_device: str, vocab_size: int
     ) -> None:
         self.config = config
-        self.model_path = draft_model_path
         self.vocab_size = vocab_size
         self.local = LocalNgramProvider(config.lookahead)
         self.policy = default_policy(config)
-        self.placement = self._place(config, target_device)
-        self.link: TargetLink | None = None
-        self.process: SpeculatorProcess | None = None
         self.opened: dict[str, int] = {}  # rid -> committed tokens the speculator holds
         self.pending: dict[str, tuple[int, int]] = {}  # rid -> (k, bonus) not yet reported
         self.last_sources: dict[str, str] = {}
         self.step_id = 0
         self.decode_rounds = 0
         self.last_seen: dict[str, int] = {}  # rid -> decode round it was last prefilled/decoded
-        self.faults = 0
-        self.restarts = 0
         self.last_timing: dict[str, float] = {}
         self._lock = threading.Lock()
-        self._restarting: threading.Thread | None = None
-        self._closing = threading.Event()  # set by `shutdown`: no more (re)starts
-        link, process = self._launch()
-        self._install(link, process)
-
-    # ------------------------------------------------------------ placement and lifecycle
-    def _place(self, config: SSDConfig, target_device: str) -> Placement:
-        if target_device.startswith("cuda"):
-            device = config.draft_device
-            if device is None:
-                index = torch.cuda.current_device() + 1
-                device = f"cuda:{index}" if index < torch.cuda.device_count() else target_device
-            return Placement(device=device, cpus=None)
-        target_cpus, draft_cpus = split_cpus(config.draft_cpus)
-        pin_process(target_cpus)
-        logger.info("SSD: target pinned to CPUs %s, speculator to %s", target_cpus, draft_cpus)
-        return Placement(device=config.draft_device or "cpu", cpus=tuple(draft_cpus))
-
-    def _launch(self) -> tuple[TargetLink, SpeculatorProcess]:
-        nccl = self.placement.device.startswith("cuda") and torch.cuda.is_available()
-        link = TargetLink(
-            backend="nccl" if nccl else "gloo", tensor_timeout_s=self.config.speculator_timeout
+        self.supervisor = Supervisor(
+            lambda: self.config,  # a restarted speculator starts from the live settings
+            draft_model_path,
+            place(config, target_device),
+            self._lock,
+            self._forget,
         )
-        address = link.start()
-        process = SpeculatorProcess(self.config, self.model_path, address, self.placement)
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        try:
-            while True:
-                try:
-                    link.accept(ACCEPT_POLL_S)
-                    return link, process
-                except TransportTimeout:
-                    if not process.alive():
-                        raise TransportError(
-                            f"speculator exited with code {process.proc.returncode} during "
-                            "startup (see its log above)"
-                        ) from None
-                    if self._closing.is_set():
-                        raise TransportError("shutting down") from None
-                    if time.monotonic() > deadline:
-                        raise
-        except BaseException:
-            process.stop()
-            link.close()
-            raise
+        self.supervisor.start()
 
-    def _install(self, link: TargetLink, process: SpeculatorProcess) -> bool:
-        """Make ``link``/``process`` the live speculator; False (and both stopped) after
-        `shutdown`."""
-        with self._lock:
-            if self._closing.is_set():
-                link.close()
-                process.stop()
-                return False
-            self.link, self.process = link, process
-            self.opened.clear()
-            self.pending.clear()
-            return True
+    # ------------------------------------------------------------ the linked speculator
+    @property
+    def link(self) -> TargetLink | None:
+        """The live link, None while the speculator is down."""
+        return self.supervisor.link
 
-    def _fault(self, reason: str) -> None:
-        """Kill a misbehaving speculator and restart it in the background; until then the
-        target serves with its own n-gram drafts. Call with the lock held."""
-        self.faults += 1
-        logger.error(
-            "SSD: speculator fault (%s); serving with target-side n-gram drafts and restarting it",
-            reason,
-        )
-        link, process = self.link, self.process
-        self.link = self.process = None
+    @property
+    def process(self) -> SpeculatorProcess | None:
+        return self.supervisor.process
+
+    @property
+    def faults(self) -> int:
+        return self.supervisor.faults
+
+    @property
+    def restarts(self) -> int:
+        return self.supervisor.restarts
+
+    def _forget(self) -> None:
+        """The linked speculator changed: it holds none of our requests."""
         self.opened.clear()
         self.pending.clear()
-        if process is not None:
-            # SIGKILL, not SIGTERM: a hung (e.g. SIGSTOPped) process never handles SIGTERM, and
-            # a faulty one has nothing to save. Reaped here, so no zombie or orphan is left.
-            process.kill()
-        if link is not None:
-            link.close()
-        self._maybe_restart()
 
     def _usable(self) -> bool:
-        """Whether a live speculator is linked; a dead process is a fault (found at once, not
-        after a send or receive timeout). Call with the lock held."""
-        if self.link is None or self.process is None:
-            self._maybe_restart()
-            return False
-        if not self.process.alive():
-            pid, code = self.process.pid, self.process.proc.returncode
-            self._fault(f"speculator process {pid} exited with code {code}")
-            return False
-        return True
+        return self.supervisor.usable()
 
-    def _maybe_restart(self) -> None:
-        """Start the restart thread unless it runs (or we are shutting down)."""
-        if self._closing.is_set() or (self._restarting and self._restarting.is_alive()):
-            return
-        self._restarting = threading.Thread(
-            target=self._restart_loop, name="ssd-restart", daemon=True
-        )
-        self._restarting.start()
+    def _fault(self, reason: str) -> None:
+        self.supervisor.fault(reason)
 
-    def _restart_loop(self) -> None:
-        """Relaunch the speculator after a backoff, retrying (with a growing backoff) until it
-        is up or `shutdown` is called. Runs on its own thread, so a restart needs no traffic and
-        never blocks the scheduler."""
-        backoff = RESTART_BACKOFF_S
-        while not self._closing.wait(backoff):
-            try:
-                link, process = self._launch()
-            except Exception as exc:
-                backoff = min(2 * backoff, RESTART_BACKOFF_MAX_S)
-                logger.error(
-                    "SSD: speculator restart failed (%s); retrying in %.0f s", exc, backoff
-                )
-                continue
-            if self._install(link, process):
-                self.restarts += 1
-                logger.info("SSD: speculator restarted (pid %d); back to SSD", process.pid)
-            return
-
-    # ------------------------------------------------------------ DraftProvider
+    # ------------------------------------------------------------ drafts and outcomes
     def drafts(self, reqs: Sequence[Any]) -> DraftBatch:
+        """Drafts for `reqs` (SGLang `Req`s, batch order); the speculator's, else local n-gram
+        drafts. Carries the previous round's outcomes to the speculator."""
         with self._lock:
             if self._usable():
                 try:
@@ -324,11 +240,7 @@ class SpeculatorClient:
                 sources[i] = "local-ngram"
                 self.opened.pop(reqs[i].rid, None)
         timing = msg.timing
-        self.last_timing = {
-            "build_s": timing.build_s,
-            "lookup_s": timing.lookup_s,
-            "backup_s": timing.backup_s,
-        }
+        self.last_timing = {"build_s": timing.build_s, "backup_s": timing.backup_s}
         self.last_sources = {req.rid: s for req, s in zip(reqs, sources, strict=True)}
         return DraftBatch(tokens=tokens, depth=depth, q=dense_q, has_q=has_q, sources=sources)
 
@@ -339,6 +251,8 @@ class SpeculatorClient:
         bonus: list[int],
         verify_s: float | None = None,
     ) -> None:
+        """The verified outcome (k, t*) of each request this round (sent with the next Step);
+        `verify_s` is the target's verify forward time in seconds (feeds the fallback policy)."""
         for rid, k, t in zip(rids, accept_lens, bonus, strict=True):
             if rid in self.opened:
                 self.pending[rid] = (k, t)
@@ -367,6 +281,7 @@ class SpeculatorClient:
                 )
 
     def close(self, rid: str) -> None:
+        """The request finished or was aborted."""
         with self._lock:
             self.pending.pop(rid, None)
             self.last_seen.pop(rid, None)
@@ -377,6 +292,7 @@ class SpeculatorClient:
                     self._fault(f"close: {exc}")
 
     def reset(self) -> None:
+        """Forget all requests (SGLang flushed its caches)."""
         for rid in list(self.opened):
             self.close(rid)
 
@@ -439,13 +355,7 @@ class SpeculatorClient:
 
     def shutdown(self) -> None:
         """Stop the speculator (and any restart in progress) for good; idempotent."""
-        self._closing.set()
-        with self._lock:
-            if self.link is not None:
-                self.link.close()
-            if self.process is not None:
-                self.process.stop()
-            self.link = self.process = None
+        self.supervisor.stop()
 
 
 def _sampling_spec(req: Any) -> SamplingSpec:

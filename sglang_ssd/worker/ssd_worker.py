@@ -1,7 +1,7 @@
 """The target side of SSD inside SGLang's scheduler: `SSDWorker`.
 
-Per decode round (DESIGN.md §1–2): obtain each request's draft from the draft provider (the
-speculator process, or the target's own n-gram drafts while it is down), run one
+Per decode round (DESIGN.md §1–2): obtain each request's draft from the `SpeculatorClient` (the
+speculator process's drafts, or the target's own n-gram drafts while it is down), run one
 TARGET_VERIFY forward of the target over γ + 1 chain positions, verify with
 `sglang_ssd.saguaro.verify` only (never SGLang's EAGLE verify, which is greedy on CPU), and
 hand SGLang's spec-v2 scheduler the accepted tokens; the outcomes go to the speculator with
@@ -28,9 +28,10 @@ from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcac
 
 from sglang_ssd.config import SSDConfig
 from sglang_ssd.saguaro import SamplingBatch
+from sglang_ssd.worker.draft_batch import DraftBatch
 from sglang_ssd.worker.metrics import RoundTimer, count_request_rounds
-from sglang_ssd.worker.draft_provider import DraftProvider, make_provider
-from sglang_ssd.worker.verify_step import verify_batch
+from sglang_ssd.worker.speculator_client import SpeculatorClient
+from sglang_ssd.worker.verify_step import VerifiedBatch, verify_batch, verify_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ class SSDWorker(BaseSpecWorker):
         self.config = config
         seed = server_args.random_seed if server_args.random_seed is not None else 0
         self.generator = torch.Generator(device=self.device).manual_seed(seed + 7919)
-        self.provider: DraftProvider = make_provider(
+        self.provider = SpeculatorClient(
             config,
             draft_model_path=spec.speculative_draft_model_path,
             target_device=str(self.device),
@@ -123,37 +124,58 @@ class SSDWorker(BaseSpecWorker):
         new_seq_lens = batch.seq_lens.clone()
         if on_publish is not None:
             on_publish(new_seq_lens)
-        return GenerationBatchResult(
-            logits_output=result.logits_output,
+        return self._result(
+            result.logits_output,
             next_token_ids=predict,
-            can_run_cuda_graph=result.can_run_cuda_graph,
+            accept_tokens=accept_tokens.flatten(),
             accept_lens=accept_lens,
             new_seq_lens=new_seq_lens,
-            next_draft_input=SSDVerifyInput(
-                draft_token_num=self.width,
-                new_seq_lens=new_seq_lens,
-                accept_tokens=accept_tokens.flatten(),
-                accept_lens=accept_lens,
-            ),
-            speculative_num_draft_tokens=self.width,
+            can_run_cuda_graph=result.can_run_cuda_graph,
         )
 
     def _decode(self, batch: ScheduleBatch, on_publish: Any) -> GenerationBatchResult:
-        bs = len(batch.reqs)
-        width = self.width
+        """One SSD round: drafts, one TARGET_VERIFY forward over W = γ + 1 positions per
+        request, verification, KV moves of the accepted tokens, bookkeeping."""
         t_start = time.perf_counter()
         drafts = self.provider.drafts(batch.reqs)
         t_drafts = time.perf_counter()
+        seq_lens = self._build_verify_batch(batch, drafts)
+        result = self._target_worker.forward_batch_generation(batch, is_verify=True)
+        logits_output = result.logits_output
+        t_forward = time.perf_counter()
+        verified = verify_batch(
+            logits_output.next_token_logits,
+            drafts,
+            _sampling_of(batch),
+            self.width,
+            self.generator,
+        )
+        accept_lens, accept_index, predict = self._commit(batch, logits_output, verified)
+        new_seq_lens = seq_lens + accept_lens
+        if on_publish is not None:
+            on_publish(new_seq_lens)
+        self._record_round(batch, drafts, verified, (t_start, t_drafts, t_forward))
+        batch.forward_mode = ForwardMode.DECODE
+        accept_tokens = predict[accept_index].flatten()
+        return self._result(
+            logits_output,
+            next_token_ids=accept_tokens,
+            accept_tokens=accept_tokens,
+            accept_lens=accept_lens,
+            new_seq_lens=new_seq_lens,
+            can_run_cuda_graph=False,
+        )
 
+    def _build_verify_batch(self, batch: ScheduleBatch, drafts: DraftBatch) -> torch.Tensor:
+        """Turn the decode `batch` into a TARGET_VERIFY batch over [root, d_1 .. d_γ] per
+        request, with KV slots for all W positions; returns the seq lens before the round."""
+        bs = len(batch.reqs)
+        width = self.width
         roots = [
             req.output_ids[-1] if len(req.output_ids) else req.origin_input_ids[-1]
             for req in batch.reqs
         ]
-        tokens = torch.zeros(bs, width, dtype=torch.int64)
-        tokens[:, 0] = torch.tensor(roots, dtype=torch.int64)
-        depth_max = drafts.tokens.shape[1]
-        tokens[:, 1 : 1 + depth_max] = drafts.tokens.clamp(min=0)
-        input_ids = tokens.reshape(-1).to(self.device)
+        input_ids = verify_tokens(roots, drafts, width).reshape(-1).to(self.device)
         seq_lens = batch.seq_lens
         positions = (
             seq_lens.to(torch.int64).unsqueeze(1)
@@ -177,21 +199,17 @@ class SSDWorker(BaseSpecWorker):
             draft_token_num=width,
             new_seq_lens=seq_lens,
         )
-        result = self._target_worker.forward_batch_generation(batch, is_verify=True)
-        logits_output = result.logits_output
-        t_forward = time.perf_counter()
+        return seq_lens
 
-        verified = verify_batch(
-            logits_output.next_token_logits,
-            drafts,
-            _sampling_of(batch),
-            width,
-            self.generator,
-        )
+    def _commit(
+        self, batch: ScheduleBatch, logits_output: Any, verified: VerifiedBatch
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Keep the accepted tokens' KV (and their logprobs when asked); returns SGLang's
+        (accept_lens int32 [B], accept_index int64 [B, W], predict int64 [B * W]) on the
+        target's device."""
         accept_lens = verified.accept_lens_with_bonus.to(self.device)
         accept_index = verified.accept_index.to(self.device)
         predict = verified.predict.to(self.device)
-        new_seq_lens = seq_lens + accept_lens
         move_accept_tokens_to_target_kvcache(
             batch, accept_index, accept_lens - 1, self.token_to_kv_pool_allocator
         )
@@ -199,18 +217,26 @@ class SSDWorker(BaseSpecWorker):
             from sglang.srt.layers.logprob_processor import compute_spec_logprobs
 
             compute_spec_logprobs(batch, logits_output, predict, accept_index=accept_index)
-        if on_publish is not None:
-            on_publish(new_seq_lens)
+        return accept_lens, accept_index, predict
+
+    def _record_round(
+        self,
+        batch: ScheduleBatch,
+        drafts: DraftBatch,
+        verified: VerifiedBatch,
+        times: tuple[float, float, float],
+    ) -> None:
+        """Outcomes to the speculator, the round's timers and per-request source counts;
+        `times` are perf_counter seconds at the round's start, drafts in hand, forward done."""
+        t_start, t_drafts, t_forward = times
         self.provider.record_outcomes(
             [req.rid for req in batch.reqs],
             verified.accept_len.tolist(),
             verified.bonus.tolist(),
             verify_s=t_forward - t_drafts,
         )
-        batch.forward_mode = ForwardMode.DECODE
-        accept_tokens = predict[accept_index].flatten()
         self.timer.record(
-            batch_size=bs,
+            batch_size=len(batch.reqs),
             wait_draft_s=t_drafts - t_start,
             verify_s=time.perf_counter() - t_drafts,
             forward_s=t_forward - t_drafts,
@@ -218,19 +244,31 @@ class SSDWorker(BaseSpecWorker):
             sources=drafts.sources,
         )
         count_request_rounds(batch.reqs, drafts.sources)
+
+    def _result(
+        self,
+        logits_output: Any,
+        *,
+        next_token_ids: torch.Tensor,
+        accept_tokens: torch.Tensor,
+        accept_lens: torch.Tensor,
+        new_seq_lens: torch.Tensor,
+        can_run_cuda_graph: bool,
+    ) -> GenerationBatchResult:
+        """The round as SGLang's spec-v2 scheduler takes it (`accept_tokens` flat, stride W)."""
         return GenerationBatchResult(
             logits_output=logits_output,
-            next_token_ids=accept_tokens,
-            can_run_cuda_graph=False,
+            next_token_ids=next_token_ids,
+            can_run_cuda_graph=can_run_cuda_graph,
             accept_lens=accept_lens,
             new_seq_lens=new_seq_lens,
             next_draft_input=SSDVerifyInput(
-                draft_token_num=width,
+                draft_token_num=self.width,
                 new_seq_lens=new_seq_lens,
                 accept_tokens=accept_tokens,
                 accept_lens=accept_lens,
             ),
-            speculative_num_draft_tokens=width,
+            speculative_num_draft_tokens=self.width,
         )
 
 

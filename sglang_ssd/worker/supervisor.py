@@ -1,8 +1,10 @@
-"""Spawn, watch and stop the speculator process from the target side.
+"""Start, watch, fault, restart and stop the speculator process from the target side.
 
 The speculator is a real separate process (`python -m sglang_ssd.speculator`), a child of the
 SGLang scheduler so SGLang's process-tree cleanup reaches it; it also exits by itself when its
-parent disappears. On CPU it gets its own cores; on GPU its own device.
+parent disappears. On CPU it gets its own cores; on GPU its own device (`sglang_ssd.placement`).
+`Supervisor` keeps one such process linked: a fault kills it and restarts it in the background,
+with a growing backoff while restarts fail (DESIGN.md §1).
 """
 
 from __future__ import annotations
@@ -11,22 +13,23 @@ import logging
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
+import threading
+import time
+from collections.abc import Callable
+
+import torch
 
 from sglang_ssd.config import SSDConfig
-from sglang_ssd.transport import LinkAddress
+from sglang_ssd.placement import Placement
+from sglang_ssd.transport import LinkAddress, TargetLink, TransportError, TransportTimeout
 
 logger = logging.getLogger(__name__)
 
 KILL_WAIT_S = 10.0
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where the speculator runs: `device` ("cpu" / "cuda:N") and, on CPU, its cores."""
-
-    device: str
-    cpus: tuple[int, ...] | None
+STARTUP_TIMEOUT_S = 300.0
+RESTART_BACKOFF_S = 2.0  # first retry after a fault; doubles per failed restart
+RESTART_BACKOFF_MAX_S = 60.0
+ACCEPT_POLL_S = 2.0
 
 
 class SpeculatorProcess:
@@ -94,3 +97,159 @@ class SpeculatorProcess:
             logger.error(
                 "SSD: speculator pid %d survived SIGKILL for %.0f s", self.pid, KILL_WAIT_S
             )
+
+
+class Supervisor:
+    """Keeps one speculator process linked to the target.
+
+    `link` and `process` are the live speculator, or both None while it is down (after a fault,
+    until the background restart succeeds, and after `stop`). They change under `lock`, the
+    client's lock, which `usable` and `fault` expect held; `forget` is called with it held each
+    time the linked speculator changes, since the new one knows no request.
+
+    Args:
+        config: returns the settings a (re)started speculator starts from (live changes
+            included).
+        model_path: the draft model.
+        placement: where the speculator runs.
+        lock: the client's lock.
+        forget: drops the client's per-request state.
+    """
+
+    def __init__(
+        self,
+        config: Callable[[], SSDConfig],
+        model_path: str,
+        placement: Placement,
+        lock: threading.Lock,
+        forget: Callable[[], None],
+    ) -> None:
+        self.config = config
+        self.model_path = model_path
+        self.placement = placement
+        self.lock = lock
+        self.forget = forget
+        self.link: TargetLink | None = None
+        self.process: SpeculatorProcess | None = None
+        self.faults = 0
+        self.restarts = 0
+        self._restarting: threading.Thread | None = None
+        self._closing = threading.Event()  # set by `stop`: no more (re)starts
+
+    def start(self) -> None:
+        """Launch the speculator and wait for its link (at most `STARTUP_TIMEOUT_S`).
+
+        Raises:
+            TransportError: the process exited or never linked; nothing is left running.
+        """
+        self._install(*self._launch())
+
+    def _launch(self) -> tuple[TargetLink, SpeculatorProcess]:
+        config = self.config()
+        nccl = self.placement.device.startswith("cuda") and torch.cuda.is_available()
+        link = TargetLink(
+            backend="nccl" if nccl else "gloo", tensor_timeout_s=config.speculator_timeout
+        )
+        address = link.start()
+        process = SpeculatorProcess(config, self.model_path, address, self.placement)
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        try:
+            while True:
+                try:
+                    link.accept(ACCEPT_POLL_S)
+                    return link, process
+                except TransportTimeout:
+                    if not process.alive():
+                        raise TransportError(
+                            f"speculator exited with code {process.proc.returncode} during "
+                            "startup (see its log above)"
+                        ) from None
+                    if self._closing.is_set():
+                        raise TransportError("shutting down") from None
+                    if time.monotonic() > deadline:
+                        raise
+        except BaseException:
+            process.stop()
+            link.close()
+            raise
+
+    def _install(self, link: TargetLink, process: SpeculatorProcess) -> bool:
+        """Make ``link``/``process`` the live speculator; False (and both stopped) after
+        `stop`."""
+        with self.lock:
+            if self._closing.is_set():
+                link.close()
+                process.stop()
+                return False
+            self.link, self.process = link, process
+            self.forget()
+            return True
+
+    def fault(self, reason: str) -> None:
+        """Kill a misbehaving speculator and restart it in the background; until then the
+        target serves with its own n-gram drafts. Call with the lock held."""
+        self.faults += 1
+        logger.error(
+            "SSD: speculator fault (%s); serving with target-side n-gram drafts and restarting it",
+            reason,
+        )
+        link, process = self.link, self.process
+        self.link = self.process = None
+        self.forget()
+        if process is not None:
+            # SIGKILL, not SIGTERM: a hung (e.g. SIGSTOPped) process never handles SIGTERM, and
+            # a faulty one has nothing to save. Reaped here, so no zombie or orphan is left.
+            process.kill()
+        if link is not None:
+            link.close()
+        self._maybe_restart()
+
+    def usable(self) -> bool:
+        """Whether a live speculator is linked; a dead process is a fault (found at once, not
+        after a send or receive timeout). Call with the lock held."""
+        if self.link is None or self.process is None:
+            self._maybe_restart()
+            return False
+        if not self.process.alive():
+            pid, code = self.process.pid, self.process.proc.returncode
+            self.fault(f"speculator process {pid} exited with code {code}")
+            return False
+        return True
+
+    def _maybe_restart(self) -> None:
+        """Start the restart thread unless it runs (or we are stopping)."""
+        if self._closing.is_set() or (self._restarting and self._restarting.is_alive()):
+            return
+        self._restarting = threading.Thread(
+            target=self._restart_loop, name="ssd-restart", daemon=True
+        )
+        self._restarting.start()
+
+    def _restart_loop(self) -> None:
+        """Relaunch the speculator after a backoff, retrying (with a growing backoff) until it
+        is up or `stop` is called. Runs on its own thread, so a restart needs no traffic and
+        never blocks the scheduler."""
+        backoff = RESTART_BACKOFF_S
+        while not self._closing.wait(backoff):
+            try:
+                link, process = self._launch()
+            except Exception as exc:
+                backoff = min(2 * backoff, RESTART_BACKOFF_MAX_S)
+                logger.error(
+                    "SSD: speculator restart failed (%s); retrying in %.0f s", exc, backoff
+                )
+                continue
+            if self._install(link, process):
+                self.restarts += 1
+                logger.info("SSD: speculator restarted (pid %d); back to SSD", process.pid)
+            return
+
+    def stop(self) -> None:
+        """Stop the speculator (and any restart in progress) for good; idempotent."""
+        self._closing.set()
+        with self.lock:
+            if self.link is not None:
+                self.link.close()
+            if self.process is not None:
+                self.process.stop()
+            self.link = self.process = None

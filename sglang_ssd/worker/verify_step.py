@@ -8,6 +8,7 @@ rows with fewer draft tokens are verified over their own D_r only, in groups of 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -36,6 +37,24 @@ class VerifiedBatch:
     def accept_lens_with_bonus(self) -> torch.Tensor:
         """int32 [B], k + 1: SGLang's accept_lens (tokens committed this round)."""
         return (self.accept_len + 1).to(torch.int32)
+
+
+def verify_tokens(roots: Sequence[int], drafts: DraftBatch, width: int) -> torch.Tensor:
+    """The verify forward's input tokens: [root, d_1 .. d_Dmax] per row, zero-padded.
+
+    Args:
+        roots: per request, its last committed token (batch order).
+        drafts: the round's drafts, Dmax ≤ W - 1 (their -1 padding becomes 0).
+        width: W = γ + 1.
+
+    Returns:
+        int64 [B, W] on the CPU.
+    """
+    tokens = torch.zeros(len(roots), width, dtype=torch.int64)
+    tokens[:, 0] = torch.tensor(roots, dtype=torch.int64)
+    depth_max = drafts.tokens.shape[1]
+    tokens[:, 1 : 1 + depth_max] = drafts.tokens.clamp(min=0)
+    return tokens
 
 
 def verify_batch(

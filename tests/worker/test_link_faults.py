@@ -27,12 +27,12 @@ from typing import Any, ClassVar
 import psutil
 import pytest
 
-import sglang_ssd.worker.speculator_client as client_module
+import sglang_ssd.placement as placement_module
+import sglang_ssd.worker.supervisor as supervisor_module
 from sglang_ssd.config import SSDConfig
+from sglang_ssd.placement import Placement
 from sglang_ssd.speculator import __main__ as speculator_main
 from sglang_ssd.speculator.server import SpeculatorServer
-from sglang_ssd.worker.speculator_client import SpeculatorClient
-from sglang_ssd.worker.supervisor import Placement
 from sglang_ssd.transport import (
     PROTOCOL_VERSION,
     Close,
@@ -45,6 +45,7 @@ from sglang_ssd.transport import (
     Step,
     TargetLink,
 )
+from sglang_ssd.worker.speculator_client import SpeculatorClient
 
 V = 128  # the tiny models' vocabulary
 TIMEOUT_S = 3.0  # --ssd-speculator-timeout (generous: the first rounds warm up)
@@ -114,10 +115,10 @@ local = threading.local()  # which ThreadSpeculator the current thread runs
 def patched(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Thread speculators, no CPU pinning of the test process, fast restarts; the speculator's
     handshake speaks `ThreadSpeculator.version` and its Step honours `hang`."""
-    monkeypatch.setattr(client_module, "SpeculatorProcess", ThreadSpeculator)
-    monkeypatch.setattr(client_module, "pin_process", lambda cpus: list(cpus))
-    monkeypatch.setattr(client_module, "RESTART_BACKOFF_S", 0.05)
-    monkeypatch.setattr(client_module, "ACCEPT_POLL_S", 0.2)
+    monkeypatch.setattr(supervisor_module, "SpeculatorProcess", ThreadSpeculator)
+    monkeypatch.setattr(placement_module, "pin_process", lambda cpus: list(cpus))
+    monkeypatch.setattr(supervisor_module, "RESTART_BACKOFF_S", 0.05)
+    monkeypatch.setattr(supervisor_module, "ACCEPT_POLL_S", 0.2)
     handshake, step = ControlEndpoint.handshake, SpeculatorServer._step
 
     def speculator_handshake(self, session, timeout_s, version=PROTOCOL_VERSION):
