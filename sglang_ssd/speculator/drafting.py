@@ -81,3 +81,12 @@ def sample_drafts(
             tokens[i] = token[0]
             q[i] = probs[j]
     return DraftSample(tokens=tokens, q=q, candidates=candidates)
+
+
+def pad_rows(rows: list[torch.Tensor], width: int) -> torch.Tensor:
+    """Stack 1-D int64 rows into [len(rows), width], padding with -1 (and cutting to width)."""
+    out = torch.full((len(rows), width), -1, dtype=torch.int64)
+    for i, r in enumerate(rows):
+        r = r[:width]
+        out[i, : r.numel()] = r
+    return out

@@ -1,4 +1,4 @@
-"""The speculator's round: apply outcomes, serve drafts, pre-speculate the next round.
+"""The speculator's per-request state machine: open, apply outcomes, serve drafts, close.
 
 One round for a batch of requests (DESIGN.md §1, paper §4):
 1. `apply_outcomes`: the target's verified outcome (k, t*) per request commits d_1..d_k + t*;
@@ -6,10 +6,9 @@ One round for a batch of requests (DESIGN.md §1, paper §4):
    branch slots are freed.
 2. `serve`: requests without a hit get the backup the target chose (just-in-time primary
    draft, n-gram or random).
-3. `build` (async mode only, after the drafts were sent): glue decode over each request's
-   draft, fork the top-F_k bonus candidates at every accept length k (geometric fan-out),
-   tree-decode D tokens for every branch with one batched forward per depth, and populate the
-   speculation cache.
+3. `build` (async mode only, after the drafts were sent): pre-speculate the next round
+   (`prespeculation`: glue, fork, tree decode, populate the speculation cache).
+Each `serve` and `build` call computes the round's fan-out plan once (`fanout_plan`).
 """
 
 from __future__ import annotations
@@ -22,26 +21,15 @@ from dataclasses import dataclass
 import torch
 
 from sglang_ssd.config import SSDConfig
-from sglang_ssd.saguaro import (
-    NgramSpeculator,
-    RandomSpeculator,
-    SpeculationCache,
-    alpha_from_accept_length,
-    geometric_fanout,
-    uniform_fanout,
-)
+from sglang_ssd.saguaro import NgramSpeculator, RandomSpeculator, SpeculationCache
 from sglang_ssd.speculator.draft_model import DraftModel
-from sglang_ssd.speculator.drafting import sample_drafts
-from sglang_ssd.speculator.packing import Segment, causal_segment, pack, tree_segment
-from sglang_ssd.speculator.state import Branches, Draft, RequestState
+from sglang_ssd.speculator.drafting import pad_rows, sample_drafts
+from sglang_ssd.speculator.fanout_plan import FanoutPlan, LiveFanout
+from sglang_ssd.speculator.packing import Segment, causal_segment, pack
+from sglang_ssd.speculator.prespeculation import prespeculate
+from sglang_ssd.speculator.state import Draft, RequestState
 
 logger = logging.getLogger(__name__)
-
-# Exponent of the cache-hit power law 1 - p_hit(F) ~ c F^-r (Definition 11) until measured.
-DEFAULT_HIT_EXPONENT = 0.7
-# Per-token acceptance assumed before any round was observed.
-DEFAULT_ALPHA = 0.8
-EMA_WEIGHT = 0.1
 
 
 @dataclass
@@ -73,9 +61,7 @@ class SpeculatorEngine:
             seed if seed is not None else int(time.time_ns() & 0x7FFFFFFF)
         )
         self.random = RandomSpeculator(self.vocab_size, self._new_generator())
-        self.accept_len_ema = DEFAULT_ALPHA * config.lookahead
-        self.hit_exponent = DEFAULT_HIT_EXPONENT
-        self.counters: dict[str, float] = {}
+        self.live = LiveFanout(config.lookahead)
 
     # ---------------------------------------------------------------- lifecycle
     def _new_generator(self, seed: int | None = None) -> torch.Generator:
@@ -167,7 +153,9 @@ class SpeculatorEngine:
             return
         found = self.cache.lookup([state.rid], [k], [bonus])
         row = int(found.rows[0])
-        if row >= 0 and keep == n_old + k:
+        hit = row >= 0 and keep == n_old + k
+        self.live.observe_hit(branches.ks.count(k), hit)
+        if hit:
             state.count("hits")
             state.slots = torch.cat([state.slots, branches.slots[row]])
             others = torch.ones(branches.slots.shape[0], dtype=torch.bool)
@@ -211,7 +199,7 @@ class SpeculatorEngine:
         need = [s for s in states if s is not None and s.draft is None]
         if need:
             if backup == "jit":
-                self._jit(need, depth, saguaro=self.config.mode == "async")
+                self._jit(need, depth, self.plan(), saguaro=self.config.mode == "async")
             else:
                 for s in need:
                     self._point_mass(s, backup, depth)
@@ -224,12 +212,11 @@ class SpeculatorEngine:
         tokens = proposer.propose(state.committed, depth).tolist()
         state.draft = Draft(tokens, None, None, backup, state.round_id)
 
-    def _jit(self, states: list[RequestState], depth: int, saguaro: bool) -> None:
+    def _jit(self, states: list[RequestState], depth: int, plan: FanoutPlan, saguaro: bool) -> None:
         """Draft `depth` tokens for each state just in time: `depth` batched forwards."""
-        fanout = self.fanout(depth)
-        top_m = [f + 1 for f in fanout]
+        top_m = plan.top_m(depth)
         beta = self.config.beta if saguaro else 1.0
-        num_cand = max(fanout) + 1
+        num_cand = plan.num_candidates(depth)
         tokens: list[list[int]] = [[] for _ in states]
         qs: list[list[torch.Tensor | None]] = [[] for _ in states]
         cands: list[list[torch.Tensor]] = [[] for _ in states]
@@ -247,7 +234,7 @@ class SpeculatorEngine:
             s.draft = Draft(
                 tokens=tokens[i],
                 q=None if s.is_greedy else torch.stack(qs[i]),  # type: ignore[arg-type]
-                candidates=_pad_rows(cands[i] + [torch.empty(0, dtype=torch.int64)], num_cand),
+                candidates=pad_rows(cands[i] + [torch.empty(0, dtype=torch.int64)], num_cand),
                 source="jit",
                 round_id=s.round_id,
             )
@@ -305,21 +292,22 @@ class SpeculatorEngine:
         return logits
 
     # ---------------------------------------------------------------- pre-speculation
+    def plan(self) -> FanoutPlan:
+        """This round's fan-out plan, from the live α and r (one per `serve` / `build` call)."""
+        return self.live.plan(self.config, self.vocab_size)
+
     def fanout(self, depth: int) -> list[int]:
-        """F_0..F_D for a draft of `depth` tokens (Theorem 12 or uniform), from live α."""
-        budget = self.config.fanout_budget
-        if self.config.fanout == "uniform":
-            return uniform_fanout(budget, depth, self.vocab_size)
-        alpha = alpha_from_accept_length(
-            min(max(self.accept_len_ema, 1.0), self.config.lookahead + 1 - 1e-3),
-            self.config.lookahead,
-        )
-        alpha = min(max(alpha, 0.05), 0.98)
-        return geometric_fanout(budget, depth, alpha, self.hit_exponent, self.vocab_size)
+        """F_0..F_D for a draft of `depth` tokens (Theorem 12 or uniform), from live α and r."""
+        return self.plan().fanout(depth)
+
+    @property
+    def hit_exponent(self) -> float:
+        """r of the hit model 1 - p_hit(F) ~ c F^-r, fitted from live outcomes."""
+        return self.live.hit_exponent
 
     def observe_accept_length(self, accept_len_with_bonus: float) -> None:
         """Feed the moving average of L that sets α for the geometric fan-out."""
-        self.accept_len_ema += EMA_WEIGHT * (accept_len_with_bonus - self.accept_len_ema)
+        self.live.observe_accept_length(accept_len_with_bonus)
 
     def prespeculate_first_round(self, rid: str) -> None:
         """Pre-speculate the round after prefill: the target has not sampled the first token
@@ -339,117 +327,6 @@ class SpeculatorEngine:
         states = [s for s in states if s.branches is None]
         if not states or self.config.fanout_budget == 0:
             return
-        self._glue(states)
-        self._tree(states)
-
-    def _glue(self, states: list[RequestState]) -> None:
-        """Feed the unfed rest of committed + draft; fill the fork candidates it reveals."""
-        segments = []
-        need_rows: list[list[int]] = []
-        for s in states:
-            seq = s.sequence
-            todo = torch.tensor(seq[s.num_fed :], dtype=torch.int64)
-            slots = self.model.kv_pool.alloc(todo.numel())
-            segments.append(causal_segment(s.slots, todo, s.num_fed, slots))
-            root = len(s.committed) - 1
-            ks = range(s.draft.depth + 1) if s.draft.candidates is None else [s.draft.depth]
-            need_rows.append([root + k - s.num_fed for k in ks])
-        packed = pack(segments, self.model.device)
-        rows = torch.cat([packed.rows(i, r) for i, r in enumerate(need_rows)])
-        logits = self.model.forward(
-            packed.input_ids, packed.positions, packed.out_slots, packed.layout, logits_rows=rows
+        prespeculate(
+            self.model, self.cache, states, self.plan(), self.config.beta, self.config.depth
         )
-        offset = 0
-        for s, seg, r in zip(states, segments, need_rows, strict=True):
-            s.slots = torch.cat([s.slots, seg.out_slots])
-            depth = s.draft.depth
-            num_cand = max(self.fanout(depth)) + 1
-            top = torch.topk(logits[offset : offset + len(r)].float(), k=num_cand, dim=-1).indices
-            offset += len(r)
-            if s.draft.candidates is None:
-                s.draft.candidates = top
-            else:
-                s.draft.candidates = _pad_rows(
-                    [*list(s.draft.candidates[:depth]), top[0]],
-                    max(num_cand, s.draft.candidates.shape[1]),
-                )
-
-    def _tree(self, states: list[RequestState]) -> None:
-        """Fork every request's branches and decode them with one forward per depth."""
-        tree_depth = self.config.depth
-        next_fanout = self.fanout(tree_depth)
-        top_m_next = [f + 1 for f in next_fanout]
-        num_cand = max(next_fanout) + 1
-        plans = []
-        for s in states:
-            ks, ts = self._fork(s)
-            if ks:
-                plans.append((s, ks, ts, self.model.kv_pool.alloc(len(ks) * tree_depth)))
-        if not plans:
-            return
-        n = [len(p[1]) for p in plans]
-        slot_mats = [p[3].view(len(p[1]), tree_depth) for p in plans]
-        fed = [torch.tensor(p[2], dtype=torch.int64) for p in plans]
-        drawn: list[list] = [[] for _ in plans]  # per plan: DraftSample per depth
-        for depth in range(1, tree_depth + 1):
-            segments = []
-            for (s, ks, _, _), mat, tok in zip(plans, slot_mats, fed, strict=True):
-                kt = torch.tensor(ks, dtype=torch.int64)
-                base = len(s.committed)
-                segments.append(
-                    tree_segment(s.slots, base + kt, mat[:, :depth], tok, base + kt + depth - 1)
-                )
-            packed = pack(segments, self.model.device)
-            logits = self.model.forward(
-                packed.input_ids, packed.positions, packed.out_slots, packed.layout
-            )
-            row_states = [p[0] for p, count in zip(plans, n, strict=True) for _ in range(count)]
-            sample = sample_drafts(
-                logits,
-                row_states,
-                [top_m_next[depth - 1]] * len(row_states),
-                self.config.beta,
-                num_cand,
-            )
-            offset = 0
-            for i, count in enumerate(n):
-                part = slice(offset, offset + count)
-                drawn[i].append((sample.tokens[part], sample.q[part], sample.candidates[part]))
-                fed[i] = sample.tokens[part]
-                offset += count
-        for (s, ks, ts, _), mat, steps in zip(plans, slot_mats, drawn, strict=True):
-            tokens = torch.stack([d[0] for d in steps], dim=1)  # [N, D]
-            probs = None
-            if not s.is_greedy:
-                probs = torch.stack([torch.stack(d[1]) for d in steps], dim=1)  # [N, D, V]
-            cands = torch.stack([d[2] for d in steps], dim=1)  # [N, D, C]
-            cands = torch.cat([cands, torch.full_like(cands[:, :1], -1)], dim=1)
-            self.cache.populate(s.rid, ks, ts, tokens, probs)
-            s.branches = Branches(ks=ks, bonus=ts, slots=mat, candidates=cands)
-
-    def _fork(self, state: RequestState) -> tuple[list[int], list[int]]:
-        """The (k, t) outcomes to pre-speculate: top F_k candidates at each k, minus d_{k+1}."""
-        draft = state.draft
-        fanout = self.fanout(draft.depth)
-        ks: list[int] = []
-        ts: list[int] = []
-        for k, f in enumerate(fanout):
-            if f == 0:
-                continue
-            row = draft.candidates[k]
-            row = row[row >= 0]
-            if k < draft.depth:
-                row = row[row != draft.tokens[k]]
-            for t in row[:f].tolist():
-                ks.append(k)
-                ts.append(int(t))
-        return ks, ts
-
-
-def _pad_rows(rows: list[torch.Tensor], width: int) -> torch.Tensor:
-    """Stack 1-D int64 rows into [len(rows), width], padding with -1 (and cutting to width)."""
-    out = torch.full((len(rows), width), -1, dtype=torch.int64)
-    for i, r in enumerate(rows):
-        r = r[:width]
-        out[i, : r.numel()] = r
-    return out

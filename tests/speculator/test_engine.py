@@ -147,3 +147,21 @@ def test_unverified_first_round_speculation_is_dropped_by_serve(tiny_draft):
     assert draft.source == "ngram" and len(draft.tokens) == 4
     engine.close("r")
     assert engine.num_used_slots() == 0
+
+
+def test_one_fanout_plan_per_round_and_outcomes_feed_the_hit_model(tiny_draft, monkeypatch):
+    engine = _engine(tiny_draft)
+    plans = []
+    make_plan = engine.live.plan
+    monkeypatch.setattr(engine.live, "plan", lambda *a: plans.append(make_plan(*a)) or plans[-1])
+    for rid, prompt in (("a", PROMPT), ("b", PROMPT[:6]), ("c", PROMPT[2:])):
+        engine.open(rid, prompt, temperature=0.0, top_k=1, top_p=1.0)
+    engine.serve(["a", "b", "c"], backup="jit", depth=4)
+    assert len(plans) == 1
+    engine.build(["a", "b", "c"])
+    assert len(plans) == 2
+    state = engine.requests["a"]
+    k, bonus = state.branches.ks[0], state.branches.bonus[0]
+    engine.apply_outcomes([OutcomeIn("a", k, bonus), OutcomeIn("b", 4, 95)])
+    assert engine.live.num_hit_observations == 2
+    assert engine.hit_exponent == engine.live.hit_exponent

@@ -1,0 +1,146 @@
+"""The fan-out of one round and the live statistics it comes from.
+
+Geometric fan-out (paper Theorem 12) needs the per-token acceptance α and the exponent r of the
+cache-hit power law 1 - p_hit(F) ~ c F^-r (Definition 11). Both are measured here as outcomes
+arrive (DESIGN.md §1): α by solving E(α) = L for a moving average of the accept length L, r by
+fitting the hit rate observed at each fan-out F. A `FanoutPlan` freezes them at the start of a
+round (one `serve` or `build` call), so every request and depth of that round share one plan.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from sglang_ssd.config import SSDConfig
+from sglang_ssd.saguaro import (
+    alpha_from_accept_length,
+    fit_hit_model,
+    geometric_fanout,
+    top_m_from_fanout,
+    uniform_fanout,
+)
+
+# Exponent of the cache-hit power law until enough outcomes were observed to fit it.
+DEFAULT_HIT_EXPONENT = 0.7
+# A fitted r outside this range means too little or too odd data: clamp rather than trust it.
+HIT_EXPONENT_RANGE = (0.2, 3.0)
+# Refit r after this many new (F, hit) observations, over the most recent HIT_WINDOW of them.
+REFIT_EVERY = 256
+HIT_WINDOW = 4096
+# A fan-out value enters the fit only with this many observations (its hit rate is a mean).
+MIN_OBSERVATIONS_PER_FANOUT = 32
+# Per-token acceptance assumed before any round was observed.
+DEFAULT_ALPHA = 0.8
+EMA_WEIGHT = 0.1
+# α is kept away from 0 and 1, where geometric fan-out puts the whole budget on one outcome.
+ALPHA_RANGE = (0.05, 0.98)
+
+
+@dataclass
+class FanoutPlan:
+    """F_0..F_D per draft depth D for one round, from the α and r measured when it began.
+
+    Attributes:
+        shape: ``geometric`` (Theorem 12) or ``uniform``.
+        budget: B, forked branches per request (sum of F_k).
+        alpha: per-token acceptance in `ALPHA_RANGE` (unused by ``uniform``).
+        hit_exponent: r of the hit model (unused by ``uniform``).
+        vocab_size: V; each F_k <= V - 1.
+    """
+
+    shape: str
+    budget: int
+    alpha: float
+    hit_exponent: float
+    vocab_size: int
+    _by_depth: dict[int, list[int]] = field(default_factory=dict, repr=False, compare=False)
+
+    def fanout(self, depth: int) -> list[int]:
+        """F_0..F_depth (depth + 1 ints >= 0) for a draft of `depth` tokens."""
+        if depth not in self._by_depth:
+            if self.shape == "uniform":
+                plan = uniform_fanout(self.budget, depth, self.vocab_size)
+            else:
+                plan = geometric_fanout(
+                    self.budget, depth, self.alpha, self.hit_exponent, self.vocab_size
+                )
+            self._by_depth[depth] = plan
+        return self._by_depth[depth]
+
+    def top_m(self, depth: int) -> list[int]:
+        """M_j = F_j + 1 for the draft tokens d_1..d_depth (Saguaro sampling's top-M)."""
+        return top_m_from_fanout(self.fanout(depth))
+
+    def num_candidates(self, depth: int) -> int:
+        """C = max_k F_k + 1: fork candidates kept per fork point (one may be the draft token)."""
+        return max(self.fanout(depth)) + 1
+
+
+class LiveFanout:
+    """The measured α (accept-length moving average) and r (hit-model fit) behind each plan.
+
+    Args:
+        lookahead: γ, for the initial accept length (α = `DEFAULT_ALPHA` per token).
+    """
+
+    def __init__(self, lookahead: int) -> None:
+        self.accept_len_ema = DEFAULT_ALPHA * lookahead
+        self.hit_exponent = DEFAULT_HIT_EXPONENT
+        self._hits: deque[tuple[int, bool]] = deque(maxlen=HIT_WINDOW)
+        self._since_fit = 0
+
+    @property
+    def num_hit_observations(self) -> int:
+        """(F, hit) observations in the fitting window."""
+        return len(self._hits)
+
+    def observe_accept_length(self, accept_len_with_bonus: float) -> None:
+        """Feed the moving average of L (tokens per round, bonus included) that sets α."""
+        self.accept_len_ema += EMA_WEIGHT * (accept_len_with_bonus - self.accept_len_ema)
+
+    def observe_hit(self, fanout: int, hit: bool) -> None:
+        """Record one outcome at an accept length k that had `fanout` = F_k >= 1 cached
+        branches, and whether one of them was the outcome; refits r every `REFIT_EVERY`."""
+        if fanout < 1:
+            return  # F = 0 always misses (Definition 11): it says nothing about r
+        self._hits.append((int(fanout), bool(hit)))
+        self._since_fit += 1
+        if self._since_fit >= REFIT_EVERY:
+            self._since_fit = 0
+            self.refit()
+
+    def refit(self) -> None:
+        """Fit r over the observation window; keeps the previous r without two fan-out values
+        of `MIN_OBSERVATIONS_PER_FANOUT` observations each, and clamps to `HIT_EXPONENT_RANGE`.
+        """
+        counts: dict[int, list[int]] = {}
+        for fanout, hit in self._hits:
+            seen = counts.setdefault(fanout, [0, 0])
+            seen[0] += 1
+            seen[1] += hit
+        usable = {f: c for f, c in counts.items() if c[0] >= MIN_OBSERVATIONS_PER_FANOUT}
+        if len(usable) < 2:
+            return
+        fanouts = sorted(usable)
+        # A miss rate estimated with half a pseudo-miss stays > 0 when every outcome hit.
+        rates = [1.0 - (usable[f][0] - usable[f][1] + 0.5) / (usable[f][0] + 1) for f in fanouts]
+        _, r = fit_hit_model(fanouts, rates)
+        low, high = HIT_EXPONENT_RANGE
+        self.hit_exponent = min(max(r, low), high)
+
+    def alpha(self, lookahead: int) -> float:
+        """α solving E(α) = L for the averaged L, clamped to `ALPHA_RANGE`."""
+        accept_length = min(max(self.accept_len_ema, 1.0), lookahead + 1 - 1e-3)
+        alpha = alpha_from_accept_length(accept_length, lookahead)
+        return min(max(alpha, ALPHA_RANGE[0]), ALPHA_RANGE[1])
+
+    def plan(self, config: SSDConfig, vocab_size: int) -> FanoutPlan:
+        """The fan-out plan for a round under `config` (shape, budget B, γ)."""
+        return FanoutPlan(
+            shape=config.fanout,
+            budget=config.fanout_budget,
+            alpha=self.alpha(config.lookahead),
+            hit_exponent=self.hit_exponent,
+            vocab_size=vocab_size,
+        )

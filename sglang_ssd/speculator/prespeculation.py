@@ -1,0 +1,173 @@
+"""Pre-speculation: build next round's speculation cache while the target verifies this one.
+
+For every request with an outstanding draft (DESIGN.md §1, paper §4):
+1. glue decode: feed the unfed rest of committed + draft in one forward, which reveals the
+   draft's most likely bonus candidates at every fork point k (accept length);
+2. fork: at each k, the top F_k of those candidates other than d_{k+1} become branches;
+3. tree decode: D tokens for every branch of every request, one batched forward per depth;
+4. populate: the branches' tokens and q rows go to the speculation cache, their KV slots to the
+   request's `Branches`, where `SpeculatorEngine.apply_outcomes` looks for the verified outcome.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from sglang_ssd.saguaro import SpeculationCache
+from sglang_ssd.speculator.draft_model import DraftModel
+from sglang_ssd.speculator.drafting import DraftSample, pad_rows, sample_drafts
+from sglang_ssd.speculator.fanout_plan import FanoutPlan
+from sglang_ssd.speculator.packing import causal_segment, pack, tree_segment
+from sglang_ssd.speculator.state import Branches, RequestState
+
+
+def prespeculate(
+    model: DraftModel,
+    cache: SpeculationCache,
+    states: list[RequestState],
+    plan: FanoutPlan,
+    beta: float,
+    tree_depth: int,
+) -> None:
+    """Glue, fork, tree-decode and cache the branches of `states` (1 + `tree_depth` forwards).
+
+    Args:
+        model: the draft model and its KV pool.
+        cache: the speculation cache the branches' drafts are added to.
+        states: requests with an outstanding draft and no branches yet.
+        plan: this round's fan-out (F_k per draft depth, M_j for Saguaro sampling).
+        beta: Saguaro's β in (0, 1] for the branches' draft tokens.
+        tree_depth: D >= 1, tokens decoded per branch.
+
+    Sets each state's `branches` (None where it forks nothing) and its draft's `candidates`.
+    """
+    glue_decode(model, states, plan)
+    forks = []
+    for s in states:
+        ks, ts = fork(s, plan)
+        if ks:
+            slots = model.kv_pool.alloc(len(ks) * tree_depth).view(len(ks), tree_depth)
+            forks.append(_Fork(s, ks, ts, slots))
+    if forks:
+        steps = _tree_decode(model, forks, plan, beta, tree_depth)
+        for f, drawn in zip(forks, steps, strict=True):
+            _populate(cache, f, drawn)
+
+
+def glue_decode(model: DraftModel, states: list[RequestState], plan: FanoutPlan) -> None:
+    """Feed the unfed rest of committed + draft; fill the fork candidates it reveals.
+
+    A draft without candidates (point mass or first round) gets all D + 1 rows, one with
+    candidates from its own sampling gets only row D (all accepted), which only glue sees.
+    """
+    segments = []
+    need_rows: list[list[int]] = []
+    for s in states:
+        todo = torch.tensor(s.sequence[s.num_fed :], dtype=torch.int64)
+        slots = model.kv_pool.alloc(todo.numel())
+        segments.append(causal_segment(s.slots, todo, s.num_fed, slots))
+        root = len(s.committed) - 1
+        ks = range(s.draft.depth + 1) if s.draft.candidates is None else [s.draft.depth]
+        need_rows.append([root + k - s.num_fed for k in ks])
+    packed = pack(segments, model.device)
+    rows = torch.cat([packed.rows(i, r) for i, r in enumerate(need_rows)])
+    logits = model.forward(
+        packed.input_ids, packed.positions, packed.out_slots, packed.layout, logits_rows=rows
+    )
+    offset = 0
+    for s, seg, r in zip(states, segments, need_rows, strict=True):
+        s.slots = torch.cat([s.slots, seg.out_slots])
+        depth = s.draft.depth
+        num_cand = plan.num_candidates(depth)
+        top = torch.topk(logits[offset : offset + len(r)].float(), k=num_cand, dim=-1).indices
+        offset += len(r)
+        if s.draft.candidates is None:
+            s.draft.candidates = top
+        else:
+            s.draft.candidates = pad_rows(
+                [*list(s.draft.candidates[:depth]), top[0]],
+                max(num_cand, s.draft.candidates.shape[1]),
+            )
+
+
+def fork(state: RequestState, plan: FanoutPlan) -> tuple[list[int], list[int]]:
+    """The (k, t) outcomes to pre-speculate: top F_k candidates at each k, minus d_{k+1}."""
+    draft = state.draft
+    ks: list[int] = []
+    ts: list[int] = []
+    for k, f in enumerate(plan.fanout(draft.depth)):
+        if f == 0:
+            continue
+        row = draft.candidates[k]
+        row = row[row >= 0]
+        if k < draft.depth:
+            row = row[row != draft.tokens[k]]
+        for t in row[:f].tolist():
+            ks.append(k)
+            ts.append(int(t))
+    return ks, ts
+
+
+@dataclass
+class _Fork:
+    """One request's branches: outcome (ks[i], ts[i]) decodes into slots[i] ([N, D] int64)."""
+
+    state: RequestState
+    ks: list[int]
+    ts: list[int]
+    slots: torch.Tensor
+
+
+def _tree_decode(
+    model: DraftModel, forks: list[_Fork], plan: FanoutPlan, beta: float, tree_depth: int
+) -> list[list[DraftSample]]:
+    """Decode `tree_depth` tokens for every branch, one forward per depth over all requests.
+
+    Returns per fork, per depth, the `DraftSample` of its N branches.
+    """
+    top_m = plan.top_m(tree_depth)
+    num_cand = plan.num_candidates(tree_depth)
+    counts = [len(f.ks) for f in forks]
+    row_states = [f.state for f, n in zip(forks, counts, strict=True) for _ in range(n)]
+    fed = [torch.tensor(f.ts, dtype=torch.int64) for f in forks]
+    drawn: list[list[DraftSample]] = [[] for _ in forks]
+    for depth in range(1, tree_depth + 1):
+        segments = []
+        for f, tokens in zip(forks, fed, strict=True):
+            kt = torch.tensor(f.ks, dtype=torch.int64)
+            base = len(f.state.committed)
+            segments.append(
+                tree_segment(
+                    f.state.slots, base + kt, f.slots[:, :depth], tokens, base + kt + depth - 1
+                )
+            )
+        packed = pack(segments, model.device)
+        logits = model.forward(packed.input_ids, packed.positions, packed.out_slots, packed.layout)
+        sample = sample_drafts(
+            logits, row_states, [top_m[depth - 1]] * len(row_states), beta, num_cand
+        )
+        offset = 0
+        for i, n in enumerate(counts):
+            part = DraftSample(
+                tokens=sample.tokens[offset : offset + n],
+                q=sample.q[offset : offset + n],
+                candidates=sample.candidates[offset : offset + n],
+            )
+            drawn[i].append(part)
+            fed[i] = part.tokens
+            offset += n
+    return drawn
+
+
+def _populate(cache: SpeculationCache, f: _Fork, steps: list[DraftSample]) -> None:
+    """Cache one request's decoded branches and keep their slots as its `Branches`."""
+    tokens = torch.stack([d.tokens for d in steps], dim=1)  # [N, D]
+    probs = None
+    if not f.state.is_greedy:
+        probs = torch.stack([torch.stack(d.q) for d in steps], dim=1)  # [N, D, V]
+    cands = torch.stack([d.candidates for d in steps], dim=1)  # [N, D, C]
+    cands = torch.cat([cands, torch.full_like(cands[:, :1], -1)], dim=1)
+    cache.populate(f.state.rid, f.ks, f.ts, tokens, probs)
+    f.state.branches = Branches(ks=f.ks, bonus=f.ts, slots=f.slots, candidates=cands)
