@@ -41,8 +41,12 @@ bench: models
 bench-quick: models
 	$(VPY) -m eval all --quick $(BENCH_ARGS)
 
-gpu-check: install
-	$(VPY) scripts/gpu_check.py
+# The GPU checks (tests/gpu, marker `gpu`) with the machine's own python3: the GPU machine has
+# torch, triton and pytest but no sglang and nothing installed. tests/gpu/pytest.ini keeps
+# tests/conftest.py out; without CUDA the CUDA cases are skipped with the reason.
+gpu-check:
+	$(PYTHON) -m pytest -c tests/gpu/pytest.ini --confcutdir=tests/gpu tests/gpu -m gpu \
+		--durations=0 $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
