@@ -10,8 +10,7 @@ from .backups import NgramSpeculator, RandomSpeculator
 from .cache import CacheLookup, SparseProbs, SpeculationCache
 from .fallback import Backup, BackupStats, FallbackPolicy
 from .fanout import fit_hit_model, geometric_fanout, hit_rate, uniform_fanout
-from .saguaro_sampling import saguaro_probs, top_m_from_fanout
-from .sampling import SamplingBatch, apply_sampling
+from .sampling import SamplingBatch, apply_sampling, saguaro_probs, top_m_from_fanout
 from .speedup import expected_speedup
 from .verify import VerifyResult, verify
 
