@@ -21,11 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from sglang_ssd_kernels.branch_attention import (
-    BranchAttentionPlan,
-    causal_custom_mask,
-    plan_branch_attention,
-)
+from sglang_ssd_kernels.branch_attention import BranchAttentionPlan, plan_branch_attention
 from transformers import AttentionInterface, AutoModelForCausalLM
 from transformers.masking_utils import AttentionMaskInterface
 
@@ -38,6 +34,8 @@ _CTX_KWARG = "ssd_ctx"
 @dataclass(frozen=True)
 class AttentionLayout:
     """Which pool slots each query token attends to (FlashInfer paged layout, page size 1).
+
+    The speculator builds it with `packing.pack` from one segment per request.
 
     Attributes:
         qo_indptr: int32/int64 [R + 1]; segment r (one request) owns query rows
@@ -53,44 +51,6 @@ class AttentionLayout:
     kv_indptr: torch.Tensor
     kv_indices: torch.Tensor
     custom_mask: torch.Tensor | None = None
-
-    @classmethod
-    def causal(
-        cls,
-        context_slots: list[torch.Tensor],
-        new_slots: list[torch.Tensor],
-        device: torch.device | str = "cpu",
-    ) -> AttentionLayout:
-        """Append (prefill / decode) layout: request r's new tokens extend its context causally.
-
-        Args:
-            context_slots: per request, int64 [C_r] slots already holding its earlier tokens.
-            new_slots: per request, int64 [Q_r] slots of its new tokens (the forward's out_slots
-                for that request, in order).
-            device: device of the layout tensors.
-
-        Returns:
-            A layout where new token i of request r sees context_slots[r] and new tokens 0..i.
-
-        Raises:
-            ValueError: if the two lists differ in length.
-        """
-        if len(context_slots) != len(new_slots):
-            raise ValueError(f"{len(context_slots)} contexts vs {len(new_slots)} new-slot lists")
-        qo_lens = [int(s.numel()) for s in new_slots]
-        kv_lens = [int(c.numel()) + q for c, q in zip(context_slots, qo_lens, strict=True)]
-        indices = [
-            torch.cat([c.reshape(-1), s.reshape(-1)])
-            for c, s in zip(context_slots, new_slots, strict=True)
-        ]
-        return cls(
-            qo_indptr=_indptr(qo_lens, device),
-            kv_indptr=_indptr(kv_lens, device),
-            kv_indices=torch.cat(indices).to(device=device, dtype=torch.int64)
-            if indices
-            else torch.zeros(0, dtype=torch.int64, device=device),
-            custom_mask=causal_custom_mask(qo_lens, kv_lens, device=device),
-        )
 
 
 @dataclass
@@ -294,10 +254,3 @@ class DraftModel:
         if logits_rows is not None:
             hidden = hidden.index_select(0, logits_rows.to(device=device, dtype=torch.int64))
         return self.lm_head(hidden).float()
-
-
-def _indptr(lengths: list[int], device: torch.device | str) -> torch.Tensor:
-    out = torch.zeros(len(lengths) + 1, dtype=torch.int32, device=device)
-    if lengths:
-        out[1:] = torch.tensor(lengths, dtype=torch.int32, device=device).cumsum(0)
-    return out

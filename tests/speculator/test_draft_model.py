@@ -13,6 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache, Qwen2Config, Qwen2ForCausalLM
 
 from sglang_ssd.speculator.draft_model import AttentionLayout, DraftModel
+from sglang_ssd.speculator.packing import causal_segment, pack
 
 REAL_DRAFT = Path.home() / ".cache/sglang_ssd/models/qwen2.5-coder-0.5b-instruct"
 VOCAB = 128
@@ -72,12 +73,22 @@ def _full_logits(model: torch.nn.Module, tokens: list[int]) -> torch.Tensor:
     return model(torch.tensor([tokens])).logits[0].float()
 
 
+def _causal_layout(context: list[torch.Tensor], new: list[torch.Tensor]) -> AttentionLayout:
+    """Request r's `new` slots extend its `context` slots causally, as the speculator packs
+    prefill and decode (the layout depends on the slots only, so the tokens are placeholders)."""
+    segments = [
+        causal_segment(c, torch.zeros(n.numel(), dtype=torch.int64), 0, n)
+        for c, n in zip(context, new, strict=True)
+    ]
+    return pack(segments).layout
+
+
 def _prefill(
     draft: DraftModel, prompts: list[list[int]]
 ) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Prefill several requests in one forward; returns per-request slots and all logits."""
     slots = [draft.kv_pool.alloc(len(p)) for p in prompts]
-    layout = AttentionLayout.causal([EMPTY] * len(prompts), slots)
+    layout = _causal_layout([EMPTY] * len(prompts), slots)
     logits = draft.forward(
         torch.tensor([t for p in prompts for t in p]),
         torch.cat([torch.arange(len(p)) for p in prompts]),
@@ -112,7 +123,7 @@ def test_logits_rows_selects_rows(draft, reference):
         torch.tensor(prompt),
         torch.arange(len(prompt)),
         slots,
-        AttentionLayout.causal([EMPTY], [slots]),
+        _causal_layout([EMPTY], [slots]),
         logits_rows=rows,
     )
     assert logits.shape == (3, VOCAB)
@@ -132,7 +143,7 @@ def test_incremental_decode_matches_full_forward(draft, reference):
         tokens = torch.randint(0, VOCAB, (len(sequences),), generator=gen)
         positions = torch.tensor([len(s) for s in sequences])
         logits = draft.forward(
-            tokens, positions, torch.cat(new_slots), AttentionLayout.causal(slots, new_slots)
+            tokens, positions, torch.cat(new_slots), _causal_layout(slots, new_slots)
         )
         for r, seq in enumerate(sequences):
             seq.append(int(tokens[r]))
@@ -154,7 +165,7 @@ def test_matches_hf_dynamic_cache_decode(draft, reference):
             torch.tensor(ours[-1:]),
             torch.tensor([len(prompt) + len(ours) - 1]),
             new,
-            AttentionLayout.causal([slots], [new]),
+            _causal_layout([slots], [new]),
         )
         slots = torch.cat([slots, new])
         ours.append(int(out[0].argmax()))
@@ -207,7 +218,7 @@ def test_tree_decode_step_matches_each_branch_alone(draft, reference):
         torch.tensor([t for g in glue for t in g]),
         torch.cat([torch.arange(len(p), len(p) + gamma) for p in prefixes]),
         torch.cat(glue_slots),
-        AttentionLayout.causal(prefix_slots, glue_slots),
+        _causal_layout(prefix_slots, glue_slots),
     )
     for r, prefix in enumerate(prefixes):
         torch.testing.assert_close(
@@ -267,7 +278,7 @@ def test_forward_argument_errors(draft):
             torch.tensor([1, 2]),
             torch.tensor([0, 1]),
             slots[:2],
-            AttentionLayout.causal([EMPTY], [slots]),
+            _causal_layout([EMPTY], [slots]),
         )
     with pytest.raises(ValueError, match="same length"):
         draft.forward(torch.tensor([1, 2]), torch.tensor([0]), slots[:2], None)
@@ -277,7 +288,7 @@ def test_forward_argument_errors(draft):
             torch.tensor([1]),
             torch.tensor([0]),
             slots[2:],
-            AttentionLayout.causal([EMPTY], [slots[2:]]),
+            _causal_layout([EMPTY], [slots[2:]]),
         )
 
 
