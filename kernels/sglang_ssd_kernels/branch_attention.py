@@ -217,35 +217,66 @@ def plan_branch_attention(
     empty = (visible == 0).nonzero().squeeze(1)
     empty_rows = empty if empty.numel() > 0 else None
 
-    max_qo, max_kv = max(qo_lens, default=0), max(kv_lens, default=0)
-    area = sum(qo * kv for qo, kv in zip(qo_lens, kv_lens, strict=True))
-    if strategy == "auto":
-        padded_area = num_segments * max_qo * max_kv
-        strategy = "padded" if num_segments <= 1 or padded_area <= 2 * area + 4096 else "segments"
-    if strategy not in ("padded", "segments"):
-        raise ValueError(f"unknown strategy {strategy!r}; expected 'auto', 'padded' or 'segments'")
-
+    strategy = _choose_strategy(strategy, qo_lens, kv_lens)
     plan = BranchAttentionPlan(
         num_queries=num_queries, strategy=strategy, max_slot=max_slot, empty_rows=empty_rows
     )
-    if num_queries == 0 or max_kv == 0:
+    if num_queries == 0 or max(kv_lens, default=0) == 0:
         plan.strategy = "segments"  # nothing to attend: run returns zeros
-        return plan
-    if strategy == "segments":
-        offset = 0
-        for r in range(num_segments):
-            qo, kv = qo_lens[r], kv_lens[r]
-            if qo == 0 or kv == 0:
-                offset += qo * kv
-                continue
-            seg_slots = slots[kv_ptr[r] : kv_ptr[r + 1]]
-            seg_mask = None
-            if mask is not None:
-                seg_mask = mask[offset : offset + qo * kv].view(1, 1, qo, kv)
-            plan.segments.append((qo_ptr[r], qo_ptr[r + 1], seg_slots, seg_mask))
-            offset += qo * kv
-        return plan
+    elif strategy == "segments":
+        _plan_segments(plan, qo_ptr, kv_ptr, slots, mask)
+    else:
+        _plan_padded(plan, qo_ptr, kv_ptr, slots, mask)
+    return plan
 
+
+def _choose_strategy(strategy: Strategy, qo_lens: list[int], kv_lens: list[int]) -> str:
+    """Resolve "auto": padded unless padding would more than double the attention area."""
+    if strategy == "auto":
+        num_segments = len(qo_lens)
+        area = sum(qo * kv for qo, kv in zip(qo_lens, kv_lens, strict=True))
+        padded_area = num_segments * max(qo_lens, default=0) * max(kv_lens, default=0)
+        strategy = "padded" if num_segments <= 1 or padded_area <= 2 * area + 4096 else "segments"
+    if strategy not in ("padded", "segments"):
+        raise ValueError(f"unknown strategy {strategy!r}; expected 'auto', 'padded' or 'segments'")
+    return strategy
+
+
+def _plan_segments(
+    plan: BranchAttentionPlan,
+    qo_ptr: list[int],
+    kv_ptr: list[int],
+    slots: torch.Tensor,
+    mask: torch.Tensor | None,
+) -> None:
+    """Fill `plan.segments`: one (q rows, slots, mask block) per non-empty segment."""
+    offset = 0
+    for r in range(len(qo_ptr) - 1):
+        qo, kv = qo_ptr[r + 1] - qo_ptr[r], kv_ptr[r + 1] - kv_ptr[r]
+        if qo == 0 or kv == 0:
+            offset += qo * kv
+            continue
+        seg_slots = slots[kv_ptr[r] : kv_ptr[r + 1]]
+        seg_mask = None
+        if mask is not None:
+            seg_mask = mask[offset : offset + qo * kv].view(1, 1, qo, kv)
+        plan.segments.append((qo_ptr[r], qo_ptr[r + 1], seg_slots, seg_mask))
+        offset += qo * kv
+
+
+def _plan_padded(
+    plan: BranchAttentionPlan,
+    qo_ptr: list[int],
+    kv_ptr: list[int],
+    slots: torch.Tensor,
+    mask: torch.Tensor | None,
+) -> None:
+    """Fill the padded fields of `plan`: gather indices into q and the cache, and the mask."""
+    device = slots.device
+    num_segments, num_queries = len(qo_ptr) - 1, qo_ptr[-1]
+    qo_lens = [qo_ptr[r + 1] - qo_ptr[r] for r in range(num_segments)]
+    kv_lens = [kv_ptr[r + 1] - kv_ptr[r] for r in range(num_segments)]
+    max_qo, max_kv = max(qo_lens), max(kv_lens)
     plan.num_segments, plan.max_qo, plan.max_kv = num_segments, max_qo, max_kv
     qo_len_t = torch.tensor(qo_lens, dtype=torch.int64, device=device)
     kv_len_t = torch.tensor(kv_lens, dtype=torch.int64, device=device)
@@ -264,15 +295,14 @@ def plan_branch_attention(
         plan.out_rows = q_valid.reshape(-1).nonzero().squeeze(1)
     if mask is None and all(kv == max_kv for kv in kv_lens):
         plan.mask = None
+        return
+    dense = torch.zeros(num_segments, max_qo, max_kv, dtype=torch.bool, device=device)
+    if mask is None:
+        dense |= kv_valid.unsqueeze(1)
     else:
-        dense = torch.zeros(num_segments, max_qo, max_kv, dtype=torch.bool, device=device)
-        if mask is None:
-            dense |= kv_valid.unsqueeze(1)
-        else:
-            block = q_valid.unsqueeze(2) & kv_valid.unsqueeze(1)  # [R, max_qo, max_kv]
-            dense[block] = mask  # row-major per segment == boolean-index order
-        plan.mask = dense.unsqueeze(1)
-    return plan
+        block = q_valid.unsqueeze(2) & kv_valid.unsqueeze(1)  # [R, max_qo, max_kv]
+        dense[block] = mask  # row-major per segment == boolean-index order
+    plan.mask = dense.unsqueeze(1)
 
 
 def branch_attention(

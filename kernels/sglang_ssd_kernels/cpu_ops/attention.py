@@ -15,6 +15,8 @@ attention.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch.nn.functional import scaled_dot_product_attention
 
@@ -134,28 +136,20 @@ def extend_attention_cpu(
             (the caller stored it at `req_to_token[..., prefix:seq_len]`).
         v_extend: `[num_tokens, kv_heads, v_head_dim]` or None (same rule).
         o_extend: `[num_tokens, heads, v_head_dim]`, written.
-        k_buffer: `[pool_rows, kv_heads, head_dim]` layer K pool.
-        v_buffer: `[pool_rows, kv_heads, v_head_dim]` layer V pool.
-        k_scale: K dequantisation scale (float8 caches; must be 1.0 otherwise).
-        v_scale: V dequantisation scale (same rule).
-        req_to_token: `[max_num_reqs, pool_len]` int32.
-        req_pool_indices: `[bs]` int.
         seq_lens: `[bs]` int, prefix + extend lengths.
         extend_seq_lens: `[bs]` int.
         extend_start_loc: `[bs]` int.
         max_len_extend: max of `extend_seq_lens` (a launch hint; unused).
-        sm_scale: softmax scale.
-        logit_cap: soft cap when > 0.
-        is_cross_attn: must be False.
-        sliding_window_size: `layer.sliding_window_size + 1`; must be <= 0.
-        encoder_lens: ignored for self-attention.
-        sinks: must be None.
         custom_mask: bool tree mask in the QLEN layout, or None.
         is_causal: causal pattern among new tokens when there is no `custom_mask`.
+        k_buffer, v_buffer, k_scale, v_scale, req_to_token, req_pool_indices, sm_scale,
+            logit_cap, is_cross_attn, sliding_window_size, encoder_lens, sinks: as for
+            `decode_attention_cpu`.
 
     Raises:
         NotImplementedError: an unsupported argument is set.
-        ValueError: `custom_mask` is shorter than the batch's blocks.
+        ValueError: only one of `k_extend`, `v_extend` is given, or `custom_mask` is shorter
+            than the batch's blocks.
     """
     del max_len_extend, encoder_lens
     _check_supported("extend_attention_cpu", is_cross_attn, sliding_window_size, sinks)
@@ -165,42 +159,44 @@ def extend_attention_cpu(
     total = seq_lens.reshape(-1).tolist()
     ext = extend_seq_lens.reshape(-1).tolist()
     starts = extend_start_loc.reshape(-1).tolist()
-    from_pool = k_extend is None
-    kv_lens = total if from_pool else [t - e for t, e in zip(total, ext, strict=True)]
+    # Without k_extend the new tokens' KV is already in the pool: gather it with the prefix.
+    kv_lens = total if k_extend is None else [t - e for t, e in zip(total, ext, strict=True)]
+    dtype = q_extend.dtype
     keys, values = _gather_kv(
-        k_buffer,
-        v_buffer,
-        k_scale,
-        v_scale,
-        req_to_token,
-        req_pool_indices,
-        kv_lens,
-        q_extend.dtype,
+        k_buffer, v_buffer, k_scale, v_scale, req_to_token, req_pool_indices, kv_lens, dtype
     )
-    masks = _split_custom_mask(custom_mask, ext) if custom_mask is not None else None
-
-    pool_start = 0
+    masks = [None] * len(ext) if custom_mask is None else _split_custom_mask(custom_mask, ext)
+    kv_starts = [0, *itertools.accumulate(kv_lens)]
     for b, (seq_len, ext_len, q_start) in enumerate(zip(total, ext, starts, strict=True)):
-        k = keys[pool_start : pool_start + kv_lens[b]]
-        v = values[pool_start : pool_start + kv_lens[b]]
-        pool_start += kv_lens[b]
         if ext_len == 0:
             continue
         rows = slice(q_start, q_start + ext_len)
-        if not from_pool:
+        kv = slice(kv_starts[b], kv_starts[b + 1])
+        k, v = keys[kv], values[kv]
+        if k_extend is not None and v_extend is not None:
             k = torch.cat([k, k_extend[rows].to(k.dtype)])
             v = torch.cat([v, v_extend[rows].to(v.dtype)])
-        prefix = seq_len - ext_len
-        if masks is not None:
-            mask = torch.ones(ext_len, seq_len, dtype=torch.bool)
-            mask[:, prefix:] = masks[b]
-            causal = False
-        elif is_causal and prefix > 0:
-            mask = torch.ones(ext_len, seq_len, dtype=torch.bool).tril(prefix)
-            causal = False
-        else:
-            mask, causal = None, is_causal
+        mask, causal = _extend_mask(masks[b], ext_len, seq_len, is_causal)
         o_extend[rows] = _attend(q_extend[rows], k, v, mask, sm_scale, logit_cap, causal)
+
+
+def _extend_mask(
+    tree_block: torch.Tensor | None, ext_len: int, seq_len: int, is_causal: bool
+) -> tuple[torch.Tensor | None, bool]:
+    """One request's extend visibility: a bool `[ext_len, seq_len]` mask (or None) and `causal`.
+
+    The prefix is always visible; among the new tokens, `tree_block` (`[ext_len, ext_len]`)
+    when given, else causal when `is_causal`, else all. Without a prefix the causal case is
+    SDPA's own `is_causal` (no mask).
+    """
+    prefix = seq_len - ext_len
+    if tree_block is not None:
+        mask = torch.ones(ext_len, seq_len, dtype=torch.bool)
+        mask[:, prefix:] = tree_block
+        return mask, False
+    if is_causal and prefix > 0:
+        return torch.ones(ext_len, seq_len, dtype=torch.bool).tril(prefix), False
+    return None, is_causal
 
 
 def _attend(

@@ -77,8 +77,22 @@ def build_tree_kernel_efficient_cpu(
     _write_where_linked(retrive_next_token.view(bs, n), first_child)
     _write_where_linked(retrive_next_sibling.view(bs, n), next_sibling)
 
-    # Ancestor walk: node t marks itself and its ancestors, at most `depth` hops, stopping at
-    # the root or at a node whose parent is unknown.
+    block, hops = _ancestor_block(parent, depth)
+    positions.view(bs, n).copy_((seq_lens.unsqueeze(1) + hops).to(positions.dtype))
+    _write_tree_mask(tree_mask, block, seq_lens, tree_mask_mode)
+
+
+def _ancestor_block(parent: torch.Tensor, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """What each node sees of its tree, and its depth, from the `[bs, n]` parent table.
+
+    Node t marks itself and its ancestors, at most `depth` hops, stopping at the root or at a
+    node whose parent is unknown (-1); every node sees the root.
+
+    Returns:
+        bool `[bs, n, n]` (row t: the nodes t sees) and int64 `[bs, n]` hops walked.
+    """
+    bs, n = parent.shape
+    nodes = torch.arange(n)
     block = torch.zeros(bs, n, n, dtype=torch.bool)
     block[:, :, 0] = True
     rows = torch.arange(bs).unsqueeze(1).expand(bs, n)
@@ -92,11 +106,18 @@ def build_tree_kernel_efficient_cpu(
         hops += active
         cur = torch.where(active, parent.gather(1, cur.clamp(min=0)), cur)
         active = active & (cur > 0)
-    positions.view(bs, n).copy_((seq_lens.unsqueeze(1) + hops).to(positions.dtype))
+    return block, hops
 
+
+def _write_tree_mask(
+    tree_mask: torch.Tensor, block: torch.Tensor, seq_lens: torch.Tensor, tree_mask_mode: int
+) -> None:
+    """Store the `[bs, n, n]` tree block in `tree_mask`'s QLEN_ONLY or FULL_MASK layout."""
+    bs, n, _ = block.shape
     if tree_mask_mode == QLEN_ONLY:
         tree_mask.view(-1)[: bs * n * n] = block.reshape(-1)
         return
+    nodes = torch.arange(n)
     row_start = (seq_lens * n).cumsum(0) - seq_lens * n + torch.arange(bs) * n * n
     width = (seq_lens + n).view(bs, 1, 1)
     flat = row_start.view(bs, 1, 1) + width * nodes.view(1, n, 1) + seq_lens.view(bs, 1, 1)
