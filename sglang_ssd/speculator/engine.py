@@ -174,6 +174,11 @@ class SpeculatorEngine:
             self.model.kv_pool.free(branches.slots.reshape(-1))
         self.cache.remove(state.rid)
 
+    def _unfeed_root(self, state: RequestState) -> None:
+        root = len(state.committed) - 1
+        self.model.kv_pool.free(state.slots[root:])
+        state.slots = state.slots[:root]
+
     def _drop_branches(self, state: RequestState) -> None:
         if state.branches is not None:
             self.model.kv_pool.free(state.branches.slots.reshape(-1))
@@ -196,6 +201,7 @@ class SpeculatorEngine:
             if s is not None and s.draft is not None and s.draft.depth == 0:
                 self._drop_branches(s)  # a first-round pre-speculation nobody verified
                 s.draft = None
+                self._unfeed_root(s)  # its glue fed the root, which a backup draft starts from
         need = [s for s in states if s is not None and s.draft is None]
         if need:
             if backup == "jit":

@@ -149,6 +149,15 @@ def test_unverified_first_round_speculation_is_dropped_by_serve(tiny_draft):
     assert engine.num_used_slots() == 0
 
 
+def test_unverified_first_round_speculation_then_jit_drafts_from_the_root(tiny_draft):
+    engine = _engine(tiny_draft)
+    engine.open("r", PROMPT, temperature=0.0, top_k=1, top_p=1.0)
+    engine.prespeculate_first_round("r")
+    (draft,) = engine.serve(["r"], backup="jit", depth=4)
+    assert draft.source == "jit"
+    assert draft.tokens == _hf_greedy(tiny_draft, PROMPT, 4)
+
+
 def test_one_fanout_plan_per_round_and_outcomes_feed_the_hit_model(tiny_draft, monkeypatch):
     engine = _engine(tiny_draft)
     plans = []
