@@ -1,9 +1,16 @@
-"""`SSDConfig`: every `--ssd-*` flag, validated once, shared with SGLang's subprocesses.
+"""`SSDConfig`: every `--ssd-*` flag, declared once, validated once, shared with subprocesses.
+
+Each `SSDConfig` field carries its `Flag` declaration in its metadata (help, argparse type/
+choices/metavar, the rule its values obey, and whether it can change while serving). The rest is
+generated from those declarations: the launcher's parser (`add_ssd_args`),
+`SSDConfig.from_namespace`, the checks in `__post_init__`, the settings `POST /ssd/config` may
+change (`LIVE_FIELDS`) and the live-settings wire struct (`sglang_ssd.transport.LiveSettings`).
+Adding a flag means adding one field.
 
 SGLang has no API for a plugin to add CLI flags, so `sglang_ssd.launch_server` parses the
-`--ssd-*` flags itself (`add_ssd_args`, `SSDConfig.from_namespace`) and hands the result to the
-scheduler subprocess through the `SGLANG_SSD_CONFIG` environment variable (`to_env` /
-`from_env`). This module imports nothing beyond the standard library.
+`--ssd-*` flags itself and hands the result to the scheduler subprocess through the
+`SGLANG_SSD_CONFIG` environment variable (`to_env` / `from_env`). This module imports nothing
+beyond the standard library.
 """
 
 from __future__ import annotations
@@ -13,8 +20,9 @@ import dataclasses
 import json
 import os
 import re
-from dataclasses import dataclass
-from typing import Any, Literal
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args
 
 ENV_VAR = "SGLANG_SSD_CONFIG"
 
@@ -22,10 +30,12 @@ Mode = Literal["async", "sync"]
 FanoutShape = Literal["geometric", "uniform"]
 BackupChoice = Literal["jit", "ngram", "random", "auto"]
 
-MODES: tuple[str, ...] = ("async", "sync")
-FANOUT_SHAPES: tuple[str, ...] = ("geometric", "uniform")
-BACKUPS: tuple[str, ...] = ("jit", "ngram", "random", "auto")
+MODES: tuple[str, ...] = get_args(Mode)
+FANOUT_SHAPES: tuple[str, ...] = get_args(FanoutShape)
+BACKUPS: tuple[str, ...] = get_args(BackupChoice)
+MAX_FANOUT_BUDGET = 2**24  # bounds what a live change can make the speculator allocate
 _DEVICE_RE = re.compile(r"^(cpu|cuda:\d+)$")
+_METADATA_KEY = "ssd_flag"
 
 
 class SSDConfigError(ValueError):
@@ -57,82 +67,193 @@ def parse_cpu_list(text: str) -> tuple[int, ...]:
     return tuple(sorted(cpus))
 
 
+def _threshold(text: str) -> int | None:
+    if text == "auto":
+        return None
+    try:
+        return int(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from exc
+
+
+def _cpu_list(text: str) -> tuple[int, ...]:
+    try:
+        return parse_cpu_list(text)
+    except SSDConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
 @dataclass(frozen=True)
-class SSDConfig:
-    """Settings of SSD / Saguaro, one field per `--ssd-*` flag (plus γ from SGLang).
+class Flag:
+    """The declaration of one `SSDConfig` field: its flag, parser, rule and whether it is live.
 
     Attributes:
-        lookahead: γ, the number of draft tokens per round; copied from SGLang's
-            `--speculative-num-steps`, never set by its own flag.
-        mode: ``async`` pre-speculates the next round while the target verifies (SSD);
-            ``sync`` drafts only when asked (the synchronous-SD baseline on the same machinery).
-        tree_depth: D ≤ γ, tokens pre-speculated per cache branch (DESIGN.md §1); None means γ.
-        fanout_budget: B, total number of cached outcomes per request per round (Σ F_k).
-        fanout: how B is spread over accepted lengths k = 0..γ: ``geometric`` (Theorem 12) or
-            ``uniform``.
-        beta: Saguaro sampling down-weighting β ∈ (0, 1] (Definition 14); 1 disables it.
-        backup: cache-miss fallback: ``jit`` (primary draft just in time), ``ngram``,
-            ``random``, or ``auto`` (batch-size aware, Theorem 17).
-        batch_threshold: b*, the batch size from which ``auto`` uses the fast backup; None lets
-            the speedup model derive it from measured latencies.
-        draft_device: the speculator's device, ``cpu`` or ``cuda:N``; None picks ``cpu`` when
-            the target runs on CPU, else the next CUDA device.
-        draft_cpus: on CPU, the cores the speculator is pinned to (the target keeps the rest);
-            None lets the launcher give the speculator the last core.
-        speculator_timeout: seconds the target waits for the speculator before it falls back
-            to its own drafts and restarts it.
+        help: the `--help` text.
+        ok: the rule a value obeys, as a predicate (None: the value must be one of `choices`).
+            A field whose default is None may also be None; that is not checked.
+        rule: the rule in words, as the error message puts it ("must be ≥ 0").
+        choices, metavar, parse: argparse's choices, metavar and type (text → value).
+        live: `POST /ssd/config` may change it while serving.
+        option: the flag that sets it; empty means ``--ssd-`` + the field name with dashes.
+            Only γ has another: it is SGLang's `--speculative-num-steps` (``cli=False``).
+        cli: `add_ssd_args` adds the flag.
+        default: the field's default (also the flag's); filled in from the field.
     """
 
-    lookahead: int = 4
-    mode: Mode = "async"
-    tree_depth: int | None = None
-    fanout_budget: int = 8
-    fanout: FanoutShape = "geometric"
-    beta: float = 1.0
-    backup: BackupChoice = "auto"
-    batch_threshold: int | None = None
-    draft_device: str | None = None
-    draft_cpus: tuple[int, ...] | None = None
-    speculator_timeout: float = 30.0
+    help: str
+    ok: Callable[[Any], bool] | None = None
+    rule: str = ""
+    choices: tuple[str, ...] | None = None
+    metavar: str | None = None
+    parse: Callable[[str], Any] | None = None
+    live: bool = False
+    option: str = ""
+    cli: bool = True
+    default: Any = None
+
+    def problem(self, value: Any) -> str | None:
+        """Why `value` is refused (naming the flag), or None when it is allowed."""
+        if value is None and self.default is None:
+            return None
+        try:
+            allowed = self.ok(value) if self.ok is not None else value in (self.choices or ())
+        except TypeError:  # e.g. a string compared with a number
+            allowed = False
+        if allowed:
+            return None
+        rule = self.rule or f"must be one of {self.choices}"
+        return f"{self.option} {rule}, got {value!r}"
+
+
+def flag(help: str, **declaration: Any) -> dict[str, Flag]:
+    """The metadata of an `SSDConfig` field declared by ``Flag(help, **declaration)``."""
+    return {_METADATA_KEY: Flag(help, **declaration)}
+
+
+@dataclass(frozen=True)
+class SSDConfig:
+    """Settings of SSD / Saguaro: one field per `--ssd-*` flag, plus γ from SGLang.
+
+    See each field's `Flag` for its meaning; DESIGN.md for the method.
+    """
+
+    lookahead: int = field(
+        default=4,
+        metadata=flag(
+            "γ, draft tokens per round (SGLang's --speculative-num-steps).",
+            ok=lambda v: isinstance(v, int) and v >= 1,
+            rule="(γ) must be an integer ≥ 1 for SSD",
+            option="--speculative-num-steps",
+            cli=False,
+        ),
+    )
+    mode: Mode = field(
+        default="async",
+        metadata=flag(
+            "async: pre-speculate while the target verifies (SSD); "
+            "sync: draft only when asked (synchronous SD baseline).",
+            choices=MODES,
+        ),
+    )
+    tree_depth: int | None = field(
+        default=None,
+        metadata=flag(
+            "Tokens pre-speculated per cache branch, 1..γ (default γ; DESIGN.md §1).",
+            ok=lambda v: v >= 1,
+            rule="must be in 1..γ",
+            metavar="D",
+            parse=int,
+        ),
+    )
+    fanout_budget: int = field(
+        default=8,
+        metadata=flag(
+            "Cached outcomes per request per round, Σ_k F_k.",
+            ok=lambda v: 0 <= v <= MAX_FANOUT_BUDGET,
+            rule=f"must be ≥ 0 (at most {MAX_FANOUT_BUDGET})",
+            metavar="B",
+            parse=int,
+            live=True,
+        ),
+    )
+    fanout: FanoutShape = field(
+        default="geometric",
+        metadata=flag(
+            "Spread of the budget over accepted lengths k = 0..γ (Theorem 12: geometric).",
+            choices=FANOUT_SHAPES,
+            live=True,
+        ),
+    )
+    beta: float = field(
+        default=1.0,
+        metadata=flag(
+            "Saguaro sampling β in (0, 1] (Definition 14); 1 = plain draft sampling.",
+            ok=lambda v: 0.0 < v <= 1.0,
+            rule="must be in (0, 1]",
+            parse=float,
+            live=True,
+        ),
+    )
+    backup: BackupChoice = field(
+        default="auto",
+        metadata=flag(
+            "Cache-miss fallback; auto switches from jit to a fast backup at b* (Theorem 17).",
+            choices=BACKUPS,
+            live=True,
+        ),
+    )
+    batch_threshold: int | None = field(
+        default=None,
+        metadata=flag(
+            "b*: batch size from which auto uses the fast backup (default auto: derived from "
+            "measured latencies).",
+            ok=lambda v: v >= 1,
+            rule="must be ≥ 1 (or 'auto')",
+            metavar="{N,auto}",
+            parse=_threshold,
+        ),
+    )
+    draft_device: str | None = field(
+        default=None,
+        metadata=flag(
+            "Speculator device (default: cpu on CPU, next GPU on GPU).",
+            ok=lambda v: _DEVICE_RE.match(v) is not None,
+            rule="must be 'cpu' or 'cuda:N'",
+            metavar="{cpu,cuda:N}",
+        ),
+    )
+    draft_cpus: tuple[int, ...] | None = field(
+        default=None,
+        metadata=flag(
+            "CPU cores for the speculator on CPU, e.g. 1 or 2-3 (default: last core; the target "
+            "keeps the rest).",
+            ok=lambda v: len(v) > 0 and all(c >= 0 for c in v),
+            rule="must be a non-empty list of CPU ids",
+            metavar="LIST",
+            parse=_cpu_list,
+        ),
+    )
+    speculator_timeout: float = field(
+        default=30.0,
+        metadata=flag(
+            "Wait this long for the speculator before falling back to target-side drafts and "
+            "restarting it.",
+            ok=lambda v: v > 0,
+            rule="must be > 0 seconds",
+            metavar="SECONDS",
+            parse=float,
+        ),
+    )
 
     def __post_init__(self) -> None:
-        if not isinstance(self.lookahead, int) or self.lookahead < 1:
-            raise SSDConfigError(
-                f"--speculative-num-steps (γ) must be an integer ≥ 1 for SSD, got {self.lookahead}"
-            )
-        if self.mode not in MODES:
-            raise SSDConfigError(f"--ssd-mode must be one of {MODES}, got {self.mode!r}")
-        if self.tree_depth is not None and not 1 <= self.tree_depth <= self.lookahead:
+        for name in FLAGS:
+            check_setting(name, getattr(self, name))
+        if self.tree_depth is not None and self.tree_depth > self.lookahead:
             raise SSDConfigError(
                 f"--ssd-tree-depth must be in 1..γ={self.lookahead}, got {self.tree_depth}"
             )
-        if self.fanout_budget < 0:
-            raise SSDConfigError(f"--ssd-fanout-budget must be ≥ 0, got {self.fanout_budget}")
-        if self.fanout not in FANOUT_SHAPES:
-            raise SSDConfigError(
-                f"--ssd-fanout must be one of {FANOUT_SHAPES}, got {self.fanout!r}"
-            )
-        if not 0.0 < self.beta <= 1.0:
-            raise SSDConfigError(f"--ssd-beta must be in (0, 1], got {self.beta}")
-        if self.backup not in BACKUPS:
-            raise SSDConfigError(f"--ssd-backup must be one of {BACKUPS}, got {self.backup!r}")
-        if self.batch_threshold is not None and self.batch_threshold < 1:
-            raise SSDConfigError(
-                f"--ssd-batch-threshold must be ≥ 1 (or 'auto'), got {self.batch_threshold}"
-            )
-        if self.draft_device is not None and not _DEVICE_RE.match(self.draft_device):
-            raise SSDConfigError(
-                f"--ssd-draft-device must be 'cpu' or 'cuda:N', got {self.draft_device!r}"
-            )
-        if self.draft_cpus is not None:
-            if not self.draft_cpus or any(c < 0 for c in self.draft_cpus):
-                raise SSDConfigError(f"--ssd-draft-cpus is invalid: {self.draft_cpus}")
-            if self.draft_device is not None and self.draft_device != "cpu":
-                raise SSDConfigError("--ssd-draft-cpus only applies with --ssd-draft-device cpu")
-        if not self.speculator_timeout > 0:
-            raise SSDConfigError(
-                f"--ssd-speculator-timeout must be > 0 seconds, got {self.speculator_timeout}"
-            )
+        if self.draft_cpus is not None and self.draft_device not in (None, "cpu"):
+            raise SSDConfigError("--ssd-draft-cpus only applies with --ssd-draft-device cpu")
 
     @property
     def depth(self) -> int:
@@ -151,8 +272,7 @@ class SSDConfig:
     def from_json(cls, text: str) -> SSDConfig:
         """Parse `to_json` output; unknown keys raise `SSDConfigError`."""
         data = json.loads(text)
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(data) - known
+        unknown = set(data) - set(FLAGS)
         if unknown:
             raise SSDConfigError(f"unknown SSD config keys: {sorted(unknown)}")
         if data.get("draft_cpus") is not None:
@@ -172,107 +292,58 @@ class SSDConfig:
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace, lookahead: int) -> SSDConfig:
         """Build from the namespace `add_ssd_args` filled, with γ from SGLang's flags."""
-        return cls(
-            lookahead=lookahead,
-            mode=ns.ssd_mode,
-            tree_depth=ns.ssd_tree_depth,
-            fanout_budget=ns.ssd_fanout_budget,
-            fanout=ns.ssd_fanout,
-            beta=ns.ssd_beta,
-            backup=ns.ssd_backup,
-            batch_threshold=ns.ssd_batch_threshold,
-            draft_device=ns.ssd_draft_device,
-            draft_cpus=ns.ssd_draft_cpus,
-            speculator_timeout=ns.ssd_speculator_timeout,
-        )
+        values = {name: getattr(ns, _dest(name)) for name, flag in FLAGS.items() if flag.cli}
+        return cls(lookahead=lookahead, **values)
 
 
-def _threshold(text: str) -> int | None:
-    if text == "auto":
-        return None
-    try:
-        return int(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from exc
+def _declared() -> dict[str, Flag]:
+    out = {}
+    for f in dataclasses.fields(SSDConfig):
+        declared: Flag = f.metadata[_METADATA_KEY]
+        option = declared.option or _option(f.name)
+        out[f.name] = dataclasses.replace(declared, option=option, default=f.default)
+    return out
 
 
-def _cpu_list(text: str) -> tuple[int, ...]:
-    try:
-        return parse_cpu_list(text)
-    except SSDConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
+def _option(name: str) -> str:
+    return "--ssd-" + name.replace("_", "-")
+
+
+def _dest(name: str) -> str:
+    return "ssd_" + name
+
+
+FLAGS: dict[str, Flag] = _declared()  # field name → its declaration, in field order
+LIVE_FIELDS: tuple[str, ...] = tuple(name for name, flag in FLAGS.items() if flag.live)
+
+
+def check_setting(name: str, value: Any) -> None:
+    """Check one value against its field's rule (without the cross-field rules).
+
+    Raises:
+        SSDConfigError: an unknown field, or a value its rule refuses (the message names the flag).
+    """
+    if name not in FLAGS:
+        raise SSDConfigError(f"unknown SSD setting {name!r}")
+    problem = FLAGS[name].problem(value)
+    if problem is not None:
+        raise SSDConfigError(problem)
 
 
 def add_ssd_args(parser: argparse.ArgumentParser) -> None:
     """Add the `--ssd-*` flags (defaults from `SSDConfig`) as one argument group."""
-    d = SSDConfig()
-    g = parser.add_argument_group(
+    group = parser.add_argument_group(
         "SSD / Saguaro (sglang-ssd)",
         "Used with --speculative-algorithm SSD; γ is --speculative-num-steps.",
     )
-    g.add_argument(
-        "--ssd-mode",
-        choices=MODES,
-        default=d.mode,
-        help="async: pre-speculate while the target verifies (SSD); "
-        "sync: draft only when asked (synchronous SD baseline).",
-    )
-    g.add_argument(
-        "--ssd-tree-depth",
-        type=int,
-        default=d.tree_depth,
-        metavar="D",
-        help="Tokens pre-speculated per cache branch, 1..γ (default γ).",
-    )
-    g.add_argument(
-        "--ssd-fanout-budget",
-        type=int,
-        default=d.fanout_budget,
-        metavar="B",
-        help="Cached outcomes per request per round, Σ_k F_k.",
-    )
-    g.add_argument(
-        "--ssd-fanout",
-        choices=FANOUT_SHAPES,
-        default=d.fanout,
-        help="Spread of the budget over accepted lengths (Theorem 12: geometric).",
-    )
-    g.add_argument(
-        "--ssd-beta",
-        type=float,
-        default=d.beta,
-        help="Saguaro sampling β in (0, 1]; 1 = plain draft sampling.",
-    )
-    g.add_argument(
-        "--ssd-backup",
-        choices=BACKUPS,
-        default=d.backup,
-        help="Cache-miss fallback; auto switches from jit to a fast backup at b*.",
-    )
-    g.add_argument(
-        "--ssd-batch-threshold",
-        type=_threshold,
-        default=None,
-        metavar="{N,auto}",
-        help="b*: batch size from which auto uses the fast backup (default auto).",
-    )
-    g.add_argument(
-        "--ssd-draft-device",
-        default=d.draft_device,
-        metavar="{cpu,cuda:N}",
-        help="Speculator device (default: cpu on CPU, next GPU on GPU).",
-    )
-    g.add_argument(
-        "--ssd-draft-cpus",
-        type=_cpu_list,
-        default=None,
-        metavar="LIST",
-        help="CPU cores for the speculator on CPU, e.g. 1 or 2-3 (default: last core).",
-    )
-    g.add_argument(
-        "--ssd-speculator-timeout",
-        type=float,
-        default=d.speculator_timeout,
-        metavar="SECONDS",
-        help="Wait this long for the speculator before falling back and restarting it.",
-    )
+    for name, flag in FLAGS.items():
+        if not flag.cli:
+            continue
+        options: dict[str, Any] = {"dest": _dest(name), "default": flag.default, "help": flag.help}
+        if flag.parse is not None:
+            options["type"] = flag.parse
+        if flag.choices is not None:
+            options["choices"] = flag.choices
+        if flag.metavar is not None:
+            options["metavar"] = flag.metavar
+        group.add_argument(flag.option, **options)

@@ -3,33 +3,39 @@
 SGLang's HTTP server runs in the main process, the `SSDWorker` in the scheduler subprocess.
 The bridge is a ZMQ REP socket that the scheduler binds once its SSD worker exists
 (`AdminServer`, a daemon thread), on an ipc:// path both processes derive from the server's
-`PortArgs.instance_id` (`admin_address`). Requests and replies are small JSON objects, never
-pickle. The main process adds the routes to SGLang's FastAPI app and forwards each call
-(`sglang_ssd.integration.admin_routes`). Live changes go through `SpeculatorClient.configure`,
-which validates them via `SSDConfig`, takes the client's lock (so they land between rounds) and
-tells the speculator.
+`PortArgs.instance_id` (`admin_address`). Requests and replies are typed msgpack messages
+(`AdminRequest` / `AdminReply` in `sglang_ssd.transport.messages`), never pickle. The main
+process adds the routes to SGLang's FastAPI app and forwards each call
+(`sglang_ssd.integration.admin_routes`). Live changes (`LiveSettings`, generated from
+`SSDConfig`'s declarations) go through `SpeculatorClient.configure`, which takes the client's
+lock (so they land between rounds) and tells the speculator.
 """
 
 from __future__ import annotations
 
 import atexit
 import copy
-import json
+import dataclasses
 import logging
 import os
 import tempfile
 import threading
 from typing import Any
 
+import msgspec
+
+from sglang_ssd.config import LIVE_FIELDS, SSDConfig, SSDConfigError
+from sglang_ssd.transport.messages import (
+    AdminReply,
+    AdminRequest,
+    Configure,
+    LiveSettings,
+    decode_admin,
+    encode_admin,
+)
+
 logger = logging.getLogger(__name__)
 
-# Settings that can change at run time, with the JSON types each accepts.
-LIVE_SETTINGS: dict[str, tuple[type, ...]] = {
-    "beta": (int, float),
-    "fanout_budget": (int,),
-    "fanout": (str,),
-    "backup": (str,),
-}
 REPLY_TIMEOUT_S = 75.0  # the client may wait a round plus `--ssd-speculator-timeout` for an ack
 
 
@@ -47,45 +53,16 @@ def admin_address(port_args: Any) -> str:
     return f"ipc://{os.path.join(tempfile.gettempdir(), f'sglang-ssd-admin-{tag}')}"
 
 
-def validate_changes(body: Any) -> dict[str, Any]:
-    """Check a `POST /ssd/config` body's shape and types; `SSDConfig` checks the values.
-
-    Raises:
-        AdminError: 400 for a non-object, an empty object, unknown keys or wrong types.
-    """
-    if not isinstance(body, dict) or not body:
-        raise AdminError(
-            400, f"expected a JSON object with some of {sorted(LIVE_SETTINGS)}, got {body!r}"
-        )
-    unknown = sorted(set(body) - set(LIVE_SETTINGS))
-    if unknown:
-        raise AdminError(
-            400, f"unknown or read-only SSD settings {unknown}; settable: {sorted(LIVE_SETTINGS)}"
-        )
-    for key, value in body.items():
-        if isinstance(value, bool) or not isinstance(value, LIVE_SETTINGS[key]):
-            kinds = "/".join(t.__name__ for t in LIVE_SETTINGS[key])
-            raise AdminError(400, f"{key} must be a {kinds}, got {value!r}")
-    return dict(body)
-
-
 # ------------------------------------------------------------------ scheduler side
-def settings(worker: Any) -> dict[str, Any]:
-    """The SSD settings in force (the client's copy is the one live changes update)."""
-    config = getattr(worker.provider, "config", None) or worker.config
-    return {
-        "beta": config.beta,
-        "fanout_budget": config.fanout_budget,
-        "fanout": config.fanout,
-        "backup": config.backup,
-        "mode": config.mode,
-        "lookahead": config.lookahead,
-        "tree_depth": config.depth,
-        "batch_threshold": config.batch_threshold,
-        "speculator_timeout": config.speculator_timeout,
-        "draft_device": config.draft_device,
-        "draft_cpus": list(config.draft_cpus) if config.draft_cpus is not None else None,
-    }
+def _config(worker: Any) -> SSDConfig:
+    """The settings in force: the client's copy is the one live changes update."""
+    return getattr(worker.provider, "config", None) or worker.config
+
+
+def settings(worker: Any) -> SSDConfig:
+    """The SSD settings in force, `tree_depth` resolved to D."""
+    config = _config(worker)
+    return dataclasses.replace(config, tree_depth=config.depth)
 
 
 def stats(worker: Any) -> dict[str, Any]:
@@ -148,55 +125,58 @@ def _timer_summary(timer: Any, attempts: int = 3) -> dict[str, Any]:
     return {}
 
 
-def configure(worker: Any, changes: dict[str, Any]) -> dict[str, Any]:
-    """Validate and apply live changes; returns what the speculator acknowledged and the
-    settings now in force.
+def configure(worker: Any, changes: LiveSettings) -> AdminReply:
+    """Apply live changes; the reply holds what the speculator acknowledged and the settings now
+    in force.
 
     Raises:
         AdminError: 400 for values `SSDConfig` refuses, 409 without a speculator client.
     """
-    from sglang_ssd.config import SSDConfigError
-
-    changes = validate_changes(changes)
     apply = getattr(worker.provider, "configure", None)
     if apply is None:
         raise AdminError(409, "this SSD worker has no speculator to configure")
-    current = getattr(worker.provider, "config", None) or worker.config
     try:
-        current.replace(**changes)
+        _config(worker).replace(**changes.given())
     except SSDConfigError as exc:
         raise AdminError(400, str(exc)) from None
-    acknowledged = apply(**changes)
-    logger.info("SSD: settings changed at run time: %s (speculator: %s)", changes, acknowledged)
-    return {"acknowledged": acknowledged, "config": settings(worker)}
+    ack = apply(Configure(changes=changes))
+    logger.info("SSD: settings changed at run time: %s (speculator: %s)", changes, ack)
+    return AdminReply(
+        config=settings(worker),
+        acknowledged=changes if ack is None else ack.applied,
+        applied_locally=ack is None,
+    )
 
 
-def handle(worker: Any, raw: bytes) -> dict[str, Any]:
-    """Answer one admin request (JSON ``{"op": ..., "changes": {...}}``) for `worker`.
-
-    Returns:
-        ``{"status": 200, "body": ...}`` or ``{"status": code, "error": message}``.
-    """
+def handle(worker: Any, frame: bytes) -> AdminReply:
+    """Answer one encoded `AdminRequest` for `worker`; failures become the reply's status."""
     try:
         try:
-            request = json.loads(raw)
-        except ValueError as exc:
+            request = decode_admin(frame)
+        except msgspec.DecodeError as exc:
             raise AdminError(400, f"malformed admin request: {exc}") from None
-        op = request.get("op") if isinstance(request, dict) else None
-        if op == "config":
-            body = settings(worker)
-        elif op == "configure":
-            body = configure(worker, request.get("changes"))
-        elif op == "stats":
-            body = stats(worker)
-        else:
-            raise AdminError(400, f"unknown admin operation {op!r}")
-        return {"status": 200, "body": body}
+        if not isinstance(request, AdminRequest):
+            raise AdminError(400, f"expected an AdminRequest, got {type(request).__name__}")
+        if request.op == "config":
+            return AdminReply(config=settings(worker))
+        if request.op == "configure":
+            return configure(worker, request.changes)
+        return AdminReply(stats=stats(worker))
     except AdminError as exc:
-        return {"status": exc.status, "error": str(exc)}
+        return AdminReply(status=exc.status, error=str(exc))
     except Exception as exc:  # report, keep serving
         logger.exception("SSD admin request failed")
-        return {"status": 500, "error": f"{type(exc).__name__}: {exc}"}
+        return AdminReply(status=500, error=f"{type(exc).__name__}: {exc}"[:4096])
+
+
+def reply_frame(worker: Any, frame: bytes) -> bytes:
+    """`handle`, encoded: a reply that cannot be encoded is answered as a 500."""
+    reply = handle(worker, frame)
+    try:
+        return encode_admin(reply)
+    except (TypeError, ValueError) as exc:
+        logger.exception("SSD admin reply could not be encoded")
+        return encode_admin(AdminReply(status=500, error=f"unencodable reply: {exc}"[:4096]))
 
 
 class AdminServer:
@@ -226,8 +206,7 @@ class AdminServer:
         atexit.register(lambda: os.path.exists(path) and os.unlink(path))
         logger.info("SSD admin endpoint bridge listening on %s", self.address)
         while True:
-            raw = socket.recv()
-            socket.send(json.dumps(handle(self.worker, raw)).encode())
+            socket.send(reply_frame(self.worker, socket.recv()))
 
 
 def start_admin_server(worker: Any, port_args: Any) -> AdminServer:
@@ -236,11 +215,31 @@ def start_admin_server(worker: Any, port_args: Any) -> AdminServer:
 
 
 # ------------------------------------------------------------------ HTTP side
-def ask(address: str, op: str, timeout_s: float = REPLY_TIMEOUT_S, **payload: Any) -> dict:
+def parse_changes(body: bytes) -> LiveSettings:
+    """The `LiveSettings` of a `POST /ssd/config` body (a JSON object of some live settings).
+
+    Raises:
+        AdminError: 400 for malformed JSON, a non-object, an empty object, unknown or read-only
+            keys, wrong types and values `SSDConfig` refuses (the message names the setting).
+    """
+    settable = f"settable at run time: {', '.join(LIVE_FIELDS)}"
+    try:
+        changes = msgspec.json.decode(body, type=LiveSettings)
+    except msgspec.ValidationError as exc:
+        raise AdminError(400, f"{exc} ({settable})") from None
+    except msgspec.DecodeError as exc:
+        raise AdminError(400, f"malformed JSON: {exc}") from None
+    if not changes.given():
+        raise AdminError(400, f"no settings to change ({settable})")
+    return changes
+
+
+def ask(address: str, request: AdminRequest, timeout_s: float = REPLY_TIMEOUT_S) -> AdminReply:
     """One blocking round trip to the scheduler's admin socket.
 
     Raises:
-        AdminError: 504 when the scheduler does not answer within `timeout_s`.
+        AdminError: 504 when the scheduler does not answer within `timeout_s`, 502 when its
+            answer does not decode.
     """
     import zmq
 
@@ -249,9 +248,32 @@ def ask(address: str, op: str, timeout_s: float = REPLY_TIMEOUT_S, **payload: An
     socket.setsockopt(zmq.LINGER, 0)
     try:
         socket.connect(address)
-        socket.send(json.dumps({"op": op, **payload}).encode())
+        socket.send(encode_admin(request))
         if not socket.poll(int(timeout_s * 1000)):
             raise AdminError(504, f"the SSD worker did not answer within {timeout_s:.0f} s")
-        return json.loads(socket.recv())
+        reply = decode_admin(socket.recv())
+    except msgspec.DecodeError as exc:
+        raise AdminError(502, f"malformed reply from the SSD worker: {exc}") from None
     finally:
         socket.close()
+    if not isinstance(reply, AdminReply):
+        raise AdminError(502, f"the SSD worker answered with a {type(reply).__name__}")
+    return reply
+
+
+def http_body(op: str, reply: AdminReply) -> Any:
+    """The JSON body of a successful `reply` to an `op` request, as the HTTP routes return it.
+
+    config: every setting; configure: ``{"acknowledged": ..., "config": ...}`` (acknowledged
+    holds the settings given, plus ``applied_locally: true`` when no speculator took them);
+    stats: the counters.
+    """
+    if op == "stats":
+        return reply.stats
+    config = msgspec.to_builtins(reply.config)
+    if op == "config":
+        return config
+    acknowledged = msgspec.to_builtins(reply.acknowledged)
+    if reply.applied_locally:
+        acknowledged = {"applied_locally": True, **acknowledged}
+    return {"acknowledged": acknowledged, "config": config}

@@ -8,51 +8,49 @@ FastAPI resolves handler annotations from this module's globals, hence the modul
 from __future__ import annotations
 
 import asyncio
-import json
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from sglang.srt.utils.auth import AuthLevel, auth_level
 
-from sglang_ssd.integration.admin import AdminError, ask, validate_changes
+from sglang_ssd.integration.admin import AdminError, ask, http_body, parse_changes
+from sglang_ssd.transport.messages import AdminRequest
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"message": message}}, status_code=status)
 
 
 def add_routes(app: FastAPI, address: str) -> None:
     """Add `/ssd/config` (GET, POST) and `/ssd/stats` (GET) to SGLang's FastAPI `app`."""
 
-    async def forward(op: str, **payload: Any) -> JSONResponse:
+    async def forward(request: AdminRequest) -> JSONResponse:
         try:
-            reply = await asyncio.to_thread(ask, address, op, **payload)
+            reply = await asyncio.to_thread(ask, address, request)
         except AdminError as exc:
-            return JSONResponse({"error": {"message": str(exc)}}, status_code=exc.status)
-        if reply.get("status") == 200:
-            return JSONResponse(reply["body"])
-        return JSONResponse(
-            {"error": {"message": reply.get("error", "unknown error")}},
-            status_code=int(reply.get("status", 500)),
-        )
+            return _error(exc.status, str(exc))
+        if reply.status != 200:
+            return _error(reply.status, reply.error or "unknown error")
+        return JSONResponse(http_body(request.op, reply))
 
     @auth_level(AuthLevel.ADMIN_OPTIONAL)
     async def get_ssd_config() -> JSONResponse:
         """Current SSD settings: β, fan-out budget and shape, backup, mode, tree depth, γ."""
-        return await forward("config")
+        return await forward(AdminRequest(op="config"))
 
     @auth_level(AuthLevel.ADMIN_OPTIONAL)
     async def set_ssd_config(request: Request) -> JSONResponse:
-        """Change β / fanout_budget / fanout / backup live (JSON object of the changes)."""
+        """Change the live settings (a JSON object of some of `config.LIVE_FIELDS`)."""
         try:
-            changes = validate_changes(json.loads(await request.body()))
-        except json.JSONDecodeError as exc:
-            return JSONResponse({"error": {"message": f"malformed JSON: {exc}"}}, 400)
+            changes = parse_changes(await request.body())
         except AdminError as exc:
-            return JSONResponse({"error": {"message": str(exc)}}, exc.status)
-        return await forward("configure", changes=changes)
+            return _error(exc.status, str(exc))
+        return await forward(AdminRequest(op="configure", changes=changes))
 
     @auth_level(AuthLevel.ADMIN_OPTIONAL)
     async def get_ssd_stats() -> JSONResponse:
         """Per-round timings, cache hit rate, backup rounds, speculator faults and restarts."""
-        return await forward("stats")
+        return await forward(AdminRequest(op="stats"))
 
     app.add_api_route("/ssd/config", get_ssd_config, methods=["GET"])
     app.add_api_route("/ssd/config", set_ssd_config, methods=["POST"])

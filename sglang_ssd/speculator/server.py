@@ -21,11 +21,12 @@ from sglang_ssd.transport import (
     ConfigureAck,
     DraftEntry,
     Drafts,
+    DraftSource,
     Error,
+    LiveSettings,
     Open,
     Shutdown,
     SpeculatorLink,
-    SpeculatorSettings,
     SpeculatorTiming,
     StatsReply,
     StatsRequest,
@@ -101,28 +102,8 @@ class SpeculatorServer:
             logger.warning("SSD speculator: target reported an error: %s", msg.reason)
 
     def _configure(self, msg: Configure) -> None:
-        changes = {
-            k: v
-            for k, v in (
-                ("beta", msg.beta),
-                ("fanout_budget", msg.fanout_budget),
-                ("fanout", msg.fanout),
-                ("backup", msg.backup),
-            )
-            if v is not None
-        }
-        config = self.engine.config.replace(**changes)
-        self.engine.config = config
-        self.link.send(
-            ConfigureAck(
-                applied=SpeculatorSettings(
-                    beta=config.beta,
-                    fanout_budget=config.fanout_budget,
-                    fanout=config.fanout,
-                    backup=config.backup,
-                )
-            )
-        )
+        self.engine.config = self.engine.config.replace(**msg.changes.given())
+        self.link.send(ConfigureAck(applied=LiveSettings.of(self.engine.config)))
 
     def _step(self, step: Step) -> None:
         engine = self.engine
@@ -138,7 +119,6 @@ class SpeculatorServer:
             build_s=self.timing.build_s,
             lookup_s=t1 - t0,
             backup_s=t2 - t1,
-            idle_s=self.timing.idle_s,
         )
         reply, tokens, q = self._pack(step, drafts)
         self.counters["send_s"] += self.link.send_drafts(reply, tokens, q)
@@ -151,7 +131,7 @@ class SpeculatorServer:
             engine.build(step.requests)
             build_s = time.perf_counter() - t3
             self.counters["build_s"] += build_s
-        self.timing = SpeculatorTiming(build_s=build_s, lookup_s=0.0, backup_s=0.0, idle_s=0.0)
+        self.timing = SpeculatorTiming(build_s=build_s, lookup_s=0.0, backup_s=0.0)
 
     def _pack(
         self, step: Step, drafts: list[Draft | None]
@@ -165,7 +145,7 @@ class SpeculatorServer:
         for i, (rid, d) in enumerate(zip(step.requests, drafts, strict=True)):
             if d is None:
                 entries.append(
-                    DraftEntry(rid=rid, round_id=0, source="missing", depth=0, has_q=False)
+                    DraftEntry(rid=rid, source=DraftSource.MISSING, depth=0, has_q=False)
                 )
                 continue
             tokens[i, : len(d.tokens)] = torch.tensor(d.tokens, dtype=torch.int64)
@@ -174,11 +154,7 @@ class SpeculatorServer:
                 row = torch.zeros(depth, vocab, dtype=torch.float32)
                 row[: d.q.shape[0]] = d.q
                 q_rows.append(row)
-            entries.append(
-                DraftEntry(
-                    rid=rid, round_id=d.round_id, source=d.source, depth=len(d.tokens), has_q=has_q
-                )
-            )
+            entries.append(DraftEntry(rid=rid, source=d.source, depth=len(d.tokens), has_q=has_q))
         q = torch.stack(q_rows) if q_rows else None
         msg = Drafts(
             step_id=step.step_id,

@@ -10,19 +10,28 @@ so a sender cannot put a frame on the wire that the peer would reject.
 
 Bump `PROTOCOL_VERSION` on any change to these types; `Hello`/`HelloAck` must stay decodable
 across versions so a mismatch is reported clearly instead of timing out.
+
+The admin bridge (the HTTP process asking the scheduler for `/ssd/config` and `/ssd/stats`,
+`sglang_ssd.integration.admin`) speaks `AdminRequest`/`AdminReply` through its own codec
+(`encode_admin`/`decode_admin`), so neither family can be sent on the other's socket. The live
+settings both carry, `LiveSettings`, are generated from `SSDConfig`'s declarations.
 """
 
 from __future__ import annotations
 
+import enum
 import math
-from typing import Annotated, Literal
+import typing
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
 
-from sglang_ssd.config import BackupChoice, FanoutShape
+from sglang_ssd.config import LIVE_FIELDS, SSDConfig, check_setting
 
-PROTOCOL_VERSION = 1
+# 2: Configure/ConfigureAck carry LiveSettings; dropped DraftEntry.round_id and
+# SpeculatorTiming.idle_s (nobody read them).
+PROTOCOL_VERSION = 2
 
 MAX_ID = 2**63 - 1
 MAX_TOKEN_ID = 2**31 - 1
@@ -38,8 +47,22 @@ Text = Annotated[str, Meta(max_length=4096)]
 Seconds = Annotated[float, Meta(ge=0.0)]
 Role = Literal["target", "speculator"]
 StepBackup = Literal["jit", "ngram", "random"]
-DraftSource = Literal["cache", "jit", "ngram", "random", "missing"]
 QDtype = Literal["float32", "bfloat16", "float16"]
+
+
+AdminOp = Literal["config", "configure", "stats"]
+
+
+class DraftSource(enum.StrEnum):
+    """Where the speculator got a request's draft: its speculation cache, one of the backups
+    (the one the target chose for misses), or nowhere (an unknown request: the target drafts it
+    with its own n-gram)."""
+
+    CACHE = "cache"
+    JIT = "jit"
+    NGRAM = "ngram"
+    RANDOM = "random"
+    MISSING = "missing"
 
 
 class TransportError(RuntimeError):
@@ -164,6 +187,9 @@ class Step(_Message, tag="step"):
         _unique("Step.requests", self.requests)
 
 
+_POINT_MASS_SOURCES = (DraftSource.NGRAM, DraftSource.RANDOM, DraftSource.MISSING)
+
+
 class DraftEntry(_Struct):
     """One request's draft in a `Drafts` reply.
 
@@ -173,15 +199,14 @@ class DraftEntry(_Struct):
     """
 
     rid: Rid
-    round_id: Id
     source: DraftSource
     depth: Annotated[int, Meta(ge=0, le=MAX_DEPTH)]
     has_q: bool
 
     def __post_init__(self) -> None:
-        if self.has_q and self.source in ("ngram", "random", "missing"):
+        if self.has_q and self.source in _POINT_MASS_SOURCES:
             raise ValueError(f"a {self.source} draft has no q")
-        if self.source == "missing" and self.depth != 0:
+        if self.source == DraftSource.MISSING and self.depth != 0:
             raise ValueError("a missing draft has depth 0")
 
 
@@ -191,7 +216,6 @@ class SpeculatorTiming(_Struct):
     build_s: Seconds = 0.0
     lookup_s: Seconds = 0.0
     backup_s: Seconds = 0.0
-    idle_s: Seconds = 0.0
 
     def __post_init__(self) -> None:
         for name in self.__struct_fields__:
@@ -233,28 +257,56 @@ class Drafts(_Message, tag="drafts"):
         return len(self.entries) * self.max_depth * 8 + q_bytes
 
 
+class _LiveSettingsBase(_Struct, omit_defaults=True):
+    def __post_init__(self) -> None:
+        for name, value in self.given().items():
+            check_setting(name, value)
+
+    def given(self) -> dict[str, Any]:
+        """The settings this carries (its fields that are not None), by field name."""
+        fields = ((name, getattr(self, name)) for name in self.__struct_fields__)
+        return {name: value for name, value in fields if value is not None}
+
+    @classmethod
+    def of(cls, config: SSDConfig) -> Any:
+        """Every live setting of `config`."""
+        return cls(**{name: getattr(config, name) for name in LIVE_FIELDS})
+
+
+def _optional_live_fields() -> list[tuple[str, Any, None]]:
+    hints = typing.get_type_hints(SSDConfig)
+    return [(name, hints[name] | None, None) for name in LIVE_FIELDS]
+
+
+# Generated, so that declaring a field `live` in `SSDConfig` is all it takes to make it settable.
+LiveSettings = msgspec.defstruct(
+    "LiveSettings",
+    _optional_live_fields(),
+    bases=(_LiveSettingsBase,),
+    module=__name__,
+    namespace={
+        "__doc__": "The settings that can change while serving (`config.LIVE_FIELDS`: β, fan-out "
+        "budget and shape, backup), each optional (None: not given / unchanged), each checked "
+        "by its `SSDConfig` declaration on construction and decode.",
+    },
+)
+
+
 class Configure(_Message, tag="configure"):
-    """Target → speculator: change settings at run time; None leaves a setting as it is."""
+    """Target → speculator: change the `changes` given, between rounds."""
 
-    beta: Annotated[float, Meta(gt=0.0, le=1.0)] | None = None
-    fanout_budget: Annotated[int, Meta(ge=0, le=MAX_VOCAB)] | None = None
-    fanout: FanoutShape | None = None
-    backup: BackupChoice | None = None
-
-
-class SpeculatorSettings(_Struct):
-    """The speculator's effective settings (see `SSDConfig` for their meaning)."""
-
-    beta: Annotated[float, Meta(gt=0.0, le=1.0)]
-    fanout_budget: Annotated[int, Meta(ge=0, le=MAX_VOCAB)]
-    fanout: FanoutShape
-    backup: BackupChoice
+    changes: LiveSettings = msgspec.field(default_factory=LiveSettings)
 
 
 class ConfigureAck(_Message, tag="configure_ack"):
-    """Speculator → target: the settings in force after applying a `Configure`."""
+    """Speculator → target: every live setting in force after applying a `Configure`."""
 
-    applied: SpeculatorSettings
+    applied: LiveSettings
+
+    def __post_init__(self) -> None:
+        missing = sorted(set(LIVE_FIELDS) - set(self.applied.given()))
+        if missing:
+            raise ValueError(f"ConfigureAck.applied lacks {missing}")
 
 
 class StatsRequest(_Message, tag="stats"):
@@ -291,39 +343,110 @@ Message = (
     | Shutdown
     | Error
 )
-MESSAGE_TYPES: tuple[type, ...] = Message.__args__
 
-_decoder = msgspec.msgpack.Decoder(Message)
-_encoder = msgspec.msgpack.Encoder()
+
+# ------------------------------------------------------------------ admin bridge
+class AdminRequest(_Message, tag="admin_request"):
+    """HTTP process → scheduler: read the settings (``config``), change live ones
+    (``configure``, with the `changes`), or read the counters (``stats``)."""
+
+    op: AdminOp
+    changes: LiveSettings | None = None
+
+    def __post_init__(self) -> None:
+        if (self.op == "configure") != (self.changes is not None):
+            raise ValueError("changes go with op 'configure', and only with it")
+        if self.changes is not None and not self.changes.given():
+            raise ValueError(f"no settings to change; settable: {', '.join(LIVE_FIELDS)}")
+
+
+class AdminReply(_Message, tag="admin_reply"):
+    """Scheduler → HTTP process: one `AdminRequest`'s answer, as an HTTP status and the parts of
+    the body its op returns.
+
+    status/error: HTTP status, and why when not 200. config (ops config, configure): the
+    settings in force, `tree_depth` resolved to D. acknowledged (configure): the live settings
+    the speculator applied, or, with `applied_locally`, the changes the target applied without
+    one (none running, or it did not answer). stats (stats): `/ssd/stats`'s counters, free-form
+    (the round timer's and the speculator's counters, the miss policy's state).
+    """
+
+    status: Annotated[int, Meta(ge=100, le=599)] = 200
+    error: Text = ""
+    config: SSDConfig | None = None
+    acknowledged: LiveSettings | None = None
+    applied_locally: bool = False
+    stats: dict[str, Any] | None = None
+
+
+AdminMessage = AdminRequest | AdminReply
+
+
+def _builtin_number(obj: Any) -> Any:
+    """msgspec encodes exact builtin numbers only; counters may arrive as numpy/torch scalars."""
+    if hasattr(obj, "item"):
+        return obj.item()
+    raise NotImplementedError(f"cannot encode {type(obj).__name__}")
+
+
+class _Codec:
+    """Encodes and decodes one family of messages (a union of tagged structs)."""
+
+    def __init__(self, family: Any, name: str, enc_hook: Any = None) -> None:
+        self.name = name
+        self.types: tuple[type, ...] = family.__args__
+        self._decoder = msgspec.msgpack.Decoder(family)
+        self._encoder = msgspec.msgpack.Encoder(enc_hook=enc_hook)
+
+    def decode(self, frame: bytes) -> Any:
+        try:
+            return self._decoder.decode(frame)
+        except msgspec.DecodeError:
+            raise
+        except Exception as err:  # e.g. UnicodeDecodeError for a garbled tag (found by the fuzz)
+            raise msgspec.DecodeError(f"{type(err).__name__}: {err}") from err
+
+    def encode(self, msg: Any) -> bytes:
+        if not isinstance(msg, self.types):
+            raise TypeError(f"not {self.name} message: {type(msg).__name__}")
+        frame = self._encoder.encode(msg)
+        try:
+            self._decoder.decode(frame)
+        except msgspec.DecodeError as err:
+            raise ValueError(f"invalid {type(msg).__name__}: {err}") from err
+        return frame
+
+
+_LINK = _Codec(Message, "a control")
+_ADMIN = _Codec(AdminMessage, "an admin", enc_hook=_builtin_number)
+MESSAGE_TYPES: tuple[type, ...] = _LINK.types
 
 
 def decode(frame: bytes) -> Message:
-    """Decode one frame.
+    """Decode one frame of the SSD link.
 
     Raises:
         msgspec.DecodeError: not msgpack, or (`msgspec.ValidationError`, a subclass) not a valid
             message: unknown tag or field, wrong type, out-of-range value, broken cross-field rule.
     """
-    try:
-        return _decoder.decode(frame)
-    except msgspec.DecodeError:
-        raise
-    except Exception as err:  # e.g. UnicodeDecodeError for a garbled tag (found by the fuzz)
-        raise msgspec.DecodeError(f"{type(err).__name__}: {err}") from err
+    return _LINK.decode(frame)
 
 
 def encode(msg: Message) -> bytes:
-    """Encode one message, checked by decoding it back.
+    """Encode one message of the SSD link, checked by decoding it back.
 
     Raises:
-        TypeError: ``msg`` is not a message.
+        TypeError: ``msg`` is not a link message.
         ValueError: a field breaks its constraint (e.g. a negative id set at construction).
     """
-    if not isinstance(msg, MESSAGE_TYPES):
-        raise TypeError(f"not a control message: {type(msg).__name__}")
-    frame = _encoder.encode(msg)
-    try:
-        _decoder.decode(frame)
-    except msgspec.DecodeError as err:
-        raise ValueError(f"invalid {type(msg).__name__}: {err}") from err
-    return frame
+    return _LINK.encode(msg)
+
+
+def decode_admin(frame: bytes) -> AdminMessage:
+    """Decode one frame of the admin bridge; raises as `decode` does."""
+    return _ADMIN.decode(frame)
+
+
+def encode_admin(msg: AdminMessage) -> bytes:
+    """Encode one admin message, checked by decoding it back; raises as `encode` does."""
+    return _ADMIN.encode(msg)

@@ -297,32 +297,32 @@ class SpeculatorClient:
             self.close(rid)
 
     # ------------------------------------------------------------ admin
-    def configure(self, **changes: Any) -> dict[str, Any]:
-        """Change β / fan-out / backup at run time (the admin endpoint); returns the settings."""
+    def configure(self, request: Configure) -> ConfigureAck | None:
+        """Apply `request.changes` between rounds (the admin endpoint) and tell the speculator.
+
+        Returns:
+            The speculator's acknowledgement (every live setting in force), or None when none
+            acknowledged (none running, a fault, no answer within the timeout): the target then
+            applied the changes alone, and a restarted speculator starts from `self.config`.
+
+        Raises:
+            SSDConfigError: a change `SSDConfig` refuses (then nothing changes).
+        """
+        changes = request.changes.given()
         with self._lock:
             self.config = self.config.replace(**changes)
             if "backup" in changes:
                 self.policy.mode = (
                     Backup(changes["backup"]) if changes["backup"] != "auto" else "auto"
                 )
-            if not self._usable():  # a restarted speculator starts from `self.config`
-                return {"applied_locally": True, **changes}
+            if not self._usable():
+                return None
             try:
-                self.link.send(Configure(**changes))
-                ack = self.link.recv_reply(ConfigureAck, self.config.speculator_timeout)
+                self.link.send(request)
+                return self.link.recv_reply(ConfigureAck, self.config.speculator_timeout)
             except TransportError as exc:  # RemoteError included
                 self._fault(f"configure: {exc}")
-                return {"applied_locally": True, **changes}
-            return (
-                {}
-                if ack is None
-                else {
-                    "beta": ack.applied.beta,
-                    "fanout_budget": ack.applied.fanout_budget,
-                    "fanout": ack.applied.fanout,
-                    "backup": ack.applied.backup,
-                }
-            )
+                return None
 
     def stats(self) -> dict[str, float]:
         """The speculator's counters plus the client's fault/restart counts."""

@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import pytest
 
 from sglang_ssd.config import SSDConfig
 from sglang_ssd.integration import admin, request_checks, request_metrics, scheduler_metrics
+from sglang_ssd.transport.messages import (
+    AdminReply,
+    AdminRequest,
+    Configure,
+    ConfigureAck,
+    LiveSettings,
+    decode_admin,
+    encode_admin,
+)
 from sglang_ssd.worker import metrics as worker_metrics
 
 
@@ -137,9 +146,9 @@ class FakeClient:
         self.faults = 1
         self.restarts = 0
 
-    def configure(self, **changes: Any) -> dict[str, Any]:
-        self.config = self.config.replace(**changes)
-        return dict(changes)
+    def configure(self, request: Configure) -> ConfigureAck | None:
+        self.config = self.config.replace(**request.changes.given())
+        return ConfigureAck(applied=LiveSettings.of(self.config))
 
     def stats(self) -> dict[str, float]:
         return {"faults": 1.0, "restarts": 0.0, "steps": 4.0, "build_s": 2.0, "send_s": 0.04}
@@ -152,17 +161,38 @@ class FakeWorker:
     provider: FakeClient = field(default_factory=FakeClient)
 
 
-def _ask(worker: FakeWorker, **request: Any) -> dict:
-    return admin.handle(worker, json.dumps(request).encode())
+def _ask(worker: FakeWorker, op: str, **changes: Any) -> AdminReply:
+    """`op` through the scheduler side of the bridge, as the HTTP side sends it."""
+    request = AdminRequest(op=op, changes=LiveSettings(**changes) if changes else None)
+    return admin.handle(worker, encode_admin(request))
+
+
+def _ask_raw(worker: FakeWorker, request: Any) -> AdminReply:
+    """A frame the HTTP side would never send (to check the scheduler side's own checks)."""
+    return admin.handle(worker, msgspec.msgpack.encode(request))
 
 
 def test_admin_config_round_trip() -> None:
     worker = FakeWorker()
-    got = _ask(worker, op="config")
-    assert got["status"] == 200 and got["body"]["beta"] == 1.0 and got["body"]["tree_depth"] == 4
-    got = _ask(worker, op="configure", changes={"beta": 0.5, "backup": "ngram"})
-    assert got["status"] == 200 and got["body"]["config"]["beta"] == 0.5
-    assert _ask(worker, op="config")["body"]["backup"] == "ngram"
+    got = _ask(worker, "config")
+    assert got.status == 200 and got.config.beta == 1.0 and got.config.tree_depth == 4
+    body = admin.http_body("config", got)
+    assert body == {**msgspec.to_builtins(SSDConfig()), "tree_depth": 4}
+    got = _ask(worker, "configure", beta=0.5, backup="ngram")
+    assert got.status == 200 and got.config.beta == 0.5 and not got.applied_locally
+    body = admin.http_body("configure", got)
+    assert body["acknowledged"] == {"beta": 0.5, "backup": "ngram", "fanout": "geometric",
+                                    "fanout_budget": 8}  # fmt: skip
+    assert body["config"]["beta"] == 0.5
+    assert _ask(worker, "config").config.backup == "ngram"
+
+
+def test_admin_reports_changes_no_speculator_took() -> None:
+    worker = FakeWorker()
+    worker.provider.configure = lambda request: None  # no speculator running
+    body = admin.http_body("configure", _ask(worker, "configure", fanout_budget=3))
+    assert body["acknowledged"] == {"applied_locally": True, "fanout_budget": 3}
+    assert body["config"]["fanout_budget"] == 8  # FakeClient did not apply it
 
 
 @pytest.mark.parametrize(
@@ -181,20 +211,51 @@ def test_admin_config_round_trip() -> None:
 )
 def test_admin_refuses_bad_changes(changes: Any) -> None:
     worker = FakeWorker()
-    got = _ask(worker, op="configure", changes=changes)
-    assert got["status"] == 400 and got["error"]
+    got = _ask_raw(worker, {"type": "admin_request", "op": "configure", "changes": changes})
+    assert got.status == 400 and got.error
     assert worker.provider.config == SSDConfig()
+    with pytest.raises(admin.AdminError) as refused:  # the HTTP side refuses them first
+        admin.parse_changes(msgspec.json.encode(changes))
+    assert refused.value.status == 400
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        (b'{"beta": 0}', "--ssd-beta must be in (0, 1]"),
+        (b'{"beta": "x"}', "$.beta"),
+        (b'{"fanout_budget": 2.5}', "$.fanout_budget"),
+        (b'{"backup": "oracle"}', "$.backup"),
+        (b'{"tree_depth": 2}', "tree_depth"),
+        (b"{}", "no settings"),
+        (b"[1]", "object"),
+        (b"{bad", "malformed JSON"),
+    ],
+)
+def test_admin_http_errors_name_the_setting(body: bytes, needle: str) -> None:
+    with pytest.raises(admin.AdminError) as refused:
+        admin.parse_changes(body)
+    assert refused.value.status == 400 and needle in str(refused.value)
 
 
 def test_admin_stats_and_errors() -> None:
-    got = _ask(FakeWorker(), op="stats")
-    body = got["body"]
+    got = _ask(FakeWorker(), "stats")
+    body = admin.http_body("stats", got)
     assert body["avg_speculator_build_s"] == pytest.approx(0.5)
     assert body["avg_transport_s"] == pytest.approx(0.01)
     assert body["faults"] == 1.0 and body["rounds_by_source"] == {"cache": 4}
     assert body["accepted_by_source"] == {"cache": 11}
-    assert _ask(FakeWorker(), op="nope")["status"] == 400
-    assert admin.handle(FakeWorker(), b"{not json")["status"] == 400
+    assert _ask_raw(FakeWorker(), {"type": "admin_request", "op": "nope"}).status == 400
+    assert _ask_raw(FakeWorker(), {"type": "admin_reply"}).status == 400
+    assert admin.handle(FakeWorker(), b"{not json").status == 400
+
+
+def test_admin_failures_are_replies() -> None:
+    worker = FakeWorker(provider=object())  # no speculator client to configure
+    assert _ask(worker, "configure", beta=0.5).status == 409
+    worker.timer = None  # stats cannot be read: a 500, and the bridge keeps serving
+    got = decode_admin(admin.reply_frame(worker, encode_admin(AdminRequest(op="stats"))))
+    assert got.status == 500 and "AttributeError" in got.error
 
 
 def test_admin_stats_report_the_fallback_threshold() -> None:
@@ -202,7 +263,7 @@ def test_admin_stats_report_the_fallback_threshold() -> None:
 
     worker = FakeWorker()
     worker.provider.policy = default_policy(SSDConfig(backup="jit"))
-    body = _ask(worker, op="stats")["body"]["fallback"]
+    body = _ask(worker, "stats").stats["fallback"]
     assert body["mode"] == "jit" and body["batch_threshold"] is None  # forced JIT never leaves
     auto = default_policy(SSDConfig())
     assert body["auto_batch_threshold"] == auto.batch_threshold()
@@ -213,7 +274,7 @@ def test_admin_stats_report_the_fallback_threshold() -> None:
 def test_admin_socket_round_trip(tmp_path) -> None:
     address = f"ipc://{tmp_path}/admin"
     admin.AdminServer(FakeWorker(), address).start()
-    assert admin.ask(address, "config", timeout_s=10)["body"]["fanout"] == "geometric"
+    assert admin.ask(address, AdminRequest(op="config"), timeout_s=10).config.fanout == "geometric"
 
 
 def test_decode_window_and_log_filter() -> None:
@@ -306,7 +367,7 @@ def test_admin_routes_over_the_bridge(tmp_path) -> None:
     reply = client.post("/ssd/config", json={"beta": 0.25})
     assert reply.status_code == 200 and reply.json()["config"]["beta"] == 0.25
     assert client.get("/ssd/config").json()["beta"] == 0.25
-    for bad in (b"{bad", b"[]", b'{"beta": 0}', b'{"tree_depth": 2}'):
+    for bad in (b"{bad", b"[]", b'{"beta": 0}', b'{"tree_depth": 2}', b'{"beta": true}', b"{}"):
         reply = client.post("/ssd/config", content=bad)
         assert reply.status_code == 400 and reply.json()["error"]["message"], bad
     assert client.get("/ssd/stats").json()["avg_transport_s"] == pytest.approx(0.01)

@@ -33,7 +33,6 @@ def make_drafts(step_id: int, rids: list[str], mark: int = 0, depth: int = 3):
     entries = [
         m.DraftEntry(
             rid=rid,
-            round_id=step_id,
             source="cache" if i % 2 == 0 else "ngram",
             depth=depth - i % 2,
             has_q=i % 2 == 0,
@@ -89,9 +88,10 @@ def test_rounds_replies_and_shutdown() -> None:
             if isinstance(msg, m.Step):
                 spec.send_drafts(*make_drafts(msg.step_id, msg.requests))
             elif isinstance(msg, m.Configure):
-                spec.send(
-                    m.ConfigureAck(applied=m.SpeculatorSettings(msg.beta, 4, "uniform", "jit"))
+                applied = m.LiveSettings(
+                    fanout_budget=4, fanout="uniform", beta=msg.changes.beta, backup="jit"
                 )
+                spec.send(m.ConfigureAck(applied=applied))
             elif isinstance(msg, m.StatsRequest):
                 spec.send(m.Error(reason="no stats yet"))
             elif isinstance(msg, m.Shutdown):
@@ -109,7 +109,7 @@ def test_rounds_replies_and_shutdown() -> None:
     target.send_step(m.Step(step_id=6, outcomes=[], requests=[], backup="random"))
     empty = target.recv_drafts(6, 5.0)
     assert empty.tokens.shape == (0, 3) and empty.q is None
-    target.send(m.Configure(beta=0.5))
+    target.send(m.Configure(changes=m.LiveSettings(beta=0.5)))
     assert target.recv_reply(m.ConfigureAck, 5.0).applied.beta == 0.5
     target.send(m.StatsRequest())
     with pytest.raises(m.RemoteError, match="no stats yet"):

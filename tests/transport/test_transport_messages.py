@@ -2,25 +2,28 @@
 
 from __future__ import annotations
 
+import typing
+
 import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sglang_ssd.config import LIVE_FIELDS, SSDConfig
 from sglang_ssd.transport import messages as m
 
 SAMPLING = m.SamplingSpec(temperature=0.7, top_k=-1, top_p=0.95, seed=7)
 DRAFTS = m.Drafts(
     step_id=3,
     entries=[
-        m.DraftEntry(rid="a", round_id=2, source="cache", depth=4, has_q=True),
-        m.DraftEntry(rid="b", round_id=2, source="ngram", depth=2, has_q=False),
-        m.DraftEntry(rid="c", round_id=0, source="missing", depth=0, has_q=False),
+        m.DraftEntry(rid="a", source=m.DraftSource.CACHE, depth=4, has_q=True),
+        m.DraftEntry(rid="b", source=m.DraftSource.NGRAM, depth=2, has_q=False),
+        m.DraftEntry(rid="c", source=m.DraftSource.MISSING, depth=0, has_q=False),
     ],
     max_depth=4,
     vocab_size=151936,
     q_dtype="bfloat16",
-    timing=m.SpeculatorTiming(build_s=0.5, lookup_s=1e-4, backup_s=0.0, idle_s=0.2),
+    timing=m.SpeculatorTiming(build_s=0.5, lookup_s=1e-4, backup_s=0.0),
 )
 EXAMPLES: list[m.Message] = [
     m.Hello(version=m.PROTOCOL_VERSION, role="speculator", pid=123, session="s"),
@@ -35,9 +38,11 @@ EXAMPLES: list[m.Message] = [
         backup="ngram",
     ),
     DRAFTS,
-    m.Configure(beta=0.5, fanout_budget=20, fanout="uniform", backup="auto"),
+    m.Configure(
+        changes=m.LiveSettings(beta=0.5, fanout_budget=20, fanout="uniform", backup="auto")
+    ),
     m.Configure(),
-    m.ConfigureAck(applied=m.SpeculatorSettings(1.0, 8, "geometric", "jit")),
+    m.ConfigureAck(applied=m.LiveSettings.of(SSDConfig(backup="jit"))),
     m.StatsRequest(),
     m.StatsReply(counters={"hits": 3, "hit_rate": 0.75}),
     m.Shutdown(),
@@ -93,9 +98,13 @@ OUT_OF_RANGE = [
     (DRAFTS, ("q_dtype",), "float64"),
     (DRAFTS, ("vocab_size",), 0),
     (DRAFTS, ("vocab_size",), 2**24 + 1),
-    (DRAFTS, ("timing", "idle_s"), -0.1),
-    (EXAMPLES[7], ("beta",), 0.0),
-    (EXAMPLES[7], ("fanout",), "triangular"),
+    (DRAFTS, ("timing", "build_s"), -0.1),
+    (EXAMPLES[7], ("changes", "beta"), 0.0),
+    (EXAMPLES[7], ("changes", "beta"), "x"),
+    (EXAMPLES[7], ("changes", "fanout"), "triangular"),
+    (EXAMPLES[7], ("changes", "fanout_budget"), -1),
+    (EXAMPLES[7], ("changes", "mode"), "sync"),  # not a live setting
+    (EXAMPLES[9], ("applied", "backup"), None),  # an ack reports every live setting
     (EXAMPLES[0], ("role",), "client"),
     (EXAMPLES[5], ("extra",), 1),  # unknown field
     (EXAMPLES[5], ("type",), "steps"),  # unknown tag
@@ -110,18 +119,94 @@ def test_decoder_rejects_bad_values(msg: m.Message, path: tuple, value: object) 
 
 def test_construction_and_encode_check_values() -> None:
     with pytest.raises(ValueError, match="has no q"):
-        m.DraftEntry(rid="a", round_id=0, source="random", depth=1, has_q=True)
+        m.DraftEntry(rid="a", source="random", depth=1, has_q=True)
     with pytest.raises(ValueError, match="more than once"):
         m.Step(step_id=0, outcomes=[], requests=["a", "a"], backup="jit")
     with pytest.raises(ValueError, match="invalid Step"):
         m.encode(m.Step(step_id=-1, outcomes=[], requests=[], backup="jit"))
     with pytest.raises(TypeError):
         m.encode({"type": "shutdown"})  # only Structs go on the wire
-    big = [
-        m.DraftEntry(rid=str(i), round_id=0, source="jit", depth=8, has_q=True) for i in range(9)
-    ]
+    big = [m.DraftEntry(rid=str(i), source="jit", depth=8, has_q=True) for i in range(9)]
     with pytest.raises(ValueError, match="exceed"):
         m.Drafts(step_id=0, entries=big, max_depth=8, vocab_size=2**24)
+
+
+def test_live_settings_are_the_live_fields_of_ssd_config() -> None:
+    hints = typing.get_type_hints(SSDConfig)
+    assert LIVE_FIELDS == ("fanout_budget", "fanout", "beta", "backup")
+    assert m.LiveSettings.__struct_fields__ == LIVE_FIELDS
+    for name, kind in typing.get_type_hints(m.LiveSettings).items():
+        assert kind == hints[name] | None, name
+    settings = m.LiveSettings.of(SSDConfig(beta=0.25))
+    assert settings.given() == {
+        "fanout_budget": 8,
+        "fanout": "geometric",
+        "beta": 0.25,
+        "backup": "auto",
+    }
+    assert m.LiveSettings(fanout="uniform").given() == {"fanout": "uniform"}
+    with pytest.raises(ValueError, match="--ssd-beta must be in"):
+        m.LiveSettings(beta=1.5)
+
+
+def test_draft_sources_are_one_enum() -> None:
+    assert [s.value for s in m.DraftSource] == ["cache", "jit", "ngram", "random", "missing"]
+    decoded = m.decode(m.encode(DRAFTS))
+    assert [e.source for e in decoded.entries] == ["cache", "ngram", "missing"]
+    assert all(type(e.source) is m.DraftSource for e in decoded.entries)
+
+
+ADMIN_EXAMPLES = [
+    m.AdminRequest(op="config"),
+    m.AdminRequest(op="configure", changes=m.LiveSettings(beta=0.5, backup="ngram")),
+    m.AdminRequest(op="stats"),
+    m.AdminReply(config=SSDConfig(tree_depth=3, draft_device="cpu", draft_cpus=(1, 2))),
+    m.AdminReply(
+        config=SSDConfig(),
+        acknowledged=m.LiveSettings(beta=0.5),
+        applied_locally=True,
+    ),
+    m.AdminReply(stats={"rounds": 3, "rounds_by_source": {"cache": 2}, "fallback": {"x": None}}),
+    m.AdminReply(status=409, error="no speculator"),
+]
+
+
+@pytest.mark.parametrize("msg", ADMIN_EXAMPLES, ids=lambda msg: type(msg).__name__)
+def test_admin_round_trip(msg: m.AdminMessage) -> None:
+    decoded = m.decode_admin(m.encode_admin(msg))
+    assert decoded == msg and type(decoded) is type(msg)
+
+
+@pytest.mark.parametrize(
+    "msg,path,value",
+    [
+        (ADMIN_EXAMPLES[0], ("op",), "reboot"),
+        (ADMIN_EXAMPLES[0], ("changes",), {"beta": 0.5}),  # changes only with configure
+        (ADMIN_EXAMPLES[1], ("changes",), {}),  # configure needs some change
+        (ADMIN_EXAMPLES[1], ("changes",), None),
+        (ADMIN_EXAMPLES[1], ("changes", "beta"), 0.0),
+        (ADMIN_EXAMPLES[1], ("changes", "beta"), True),
+        (ADMIN_EXAMPLES[1], ("changes", "tree_depth"), 2),
+        (ADMIN_EXAMPLES[3], ("config", "beta"), 2.0),
+        (ADMIN_EXAMPLES[3], ("config", "tree_depth"), 9),  # > γ
+        (ADMIN_EXAMPLES[3], ("status",), 42),
+    ],
+    ids=lambda x: str(x)[:20],
+)
+def test_admin_decoder_rejects_bad_values(msg: m.AdminMessage, path: tuple, value: object) -> None:
+    with pytest.raises(msgspec.ValidationError):
+        m.decode_admin(_patched(msg, path, value))
+
+
+def test_admin_and_link_messages_do_not_mix() -> None:
+    with pytest.raises(TypeError):
+        m.encode(ADMIN_EXAMPLES[0])
+    with pytest.raises(TypeError):
+        m.encode_admin(m.Shutdown())
+    with pytest.raises(msgspec.ValidationError):
+        m.decode(m.encode_admin(ADMIN_EXAMPLES[0]))
+    with pytest.raises(msgspec.ValidationError):
+        m.decode_admin(m.encode(m.Shutdown()))
 
 
 def test_hello_stays_decodable_across_versions() -> None:

@@ -36,9 +36,9 @@ def speculator_main(address_json: str) -> None:
             opened.discard(msg.rid)
         elif isinstance(msg, m.Step):
             entries = [
-                m.DraftEntry(rid, msg.step_id, "cache", D, True)
+                m.DraftEntry(rid, "cache", D, True)
                 if rid in opened
-                else m.DraftEntry(rid, msg.step_id, "missing", 0, False)
+                else m.DraftEntry(rid, "missing", 0, False)
                 for rid in msg.requests
             ]
             drafts = m.Drafts(step_id=msg.step_id, entries=entries, max_depth=D, vocab_size=V)
