@@ -205,9 +205,7 @@ def plan_branch_attention(
     """
     qo_ptr, kv_ptr = _check_layout(qo_indptr, kv_indptr, kv_indices, custom_mask)
     device = torch.device(device) if device is not None else kv_indices.device
-    num_segments = len(qo_ptr) - 1
-    qo_lens = [qo_ptr[r + 1] - qo_ptr[r] for r in range(num_segments)]
-    kv_lens = [kv_ptr[r + 1] - kv_ptr[r] for r in range(num_segments)]
+    qo_lens, kv_lens = _segment_lens(qo_ptr), _segment_lens(kv_ptr)
     slots = kv_indices.to(device=device, dtype=torch.int64)
     mask = None if custom_mask is None else custom_mask.to(device=device)
     max_slot = int(slots.max()) if slots.numel() > 0 else -1
@@ -274,8 +272,7 @@ def _plan_padded(
     """Fill the padded fields of `plan`: gather indices into q and the cache, and the mask."""
     device = slots.device
     num_segments, num_queries = len(qo_ptr) - 1, qo_ptr[-1]
-    qo_lens = [qo_ptr[r + 1] - qo_ptr[r] for r in range(num_segments)]
-    kv_lens = [kv_ptr[r + 1] - kv_ptr[r] for r in range(num_segments)]
+    qo_lens, kv_lens = _segment_lens(qo_ptr), _segment_lens(kv_ptr)
     max_qo, max_kv = max(qo_lens), max(kv_lens)
     plan.num_segments, plan.max_qo, plan.max_kv = num_segments, max_qo, max_kv
     qo_len_t = torch.tensor(qo_lens, dtype=torch.int64, device=device)
@@ -533,6 +530,11 @@ def _check_layout(
         if custom_mask.numel() != expected:
             raise ValueError(f"custom_mask has {custom_mask.numel()} entries, expected {expected}")
     return qo_ptr, kv_ptr
+
+
+def _segment_lens(indptr: list[int]) -> list[int]:
+    """Per-segment lengths of an index pointer [R + 1]: indptr[r + 1] - indptr[r] for each r."""
+    return [end - start for start, end in itertools.pairwise(indptr)]
 
 
 def _visible_counts(

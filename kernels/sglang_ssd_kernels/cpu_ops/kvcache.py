@@ -61,15 +61,11 @@ def assign_req_to_token_pool_cpu(
     Raises:
         ValueError: `pool_len` disagrees with `req_to_token`, or `out_cache_loc` is too short.
     """
-    _check_pool_len(req_to_token, pool_len, "assign_req_to_token_pool_cpu")
-    seg, col = segment_coords(start_offset, end_offset)
-    if seg.numel() > out_cache_loc.numel():
-        raise ValueError(
-            f"assign_req_to_token_pool_cpu: out_cache_loc has {out_cache_loc.numel()} entries, "
-            f"the offsets need {seg.numel()}"
-        )
-    rows = req_pool_indices.reshape(-1).to(torch.int64)[seg]
-    req_to_token[rows, col] = out_cache_loc.reshape(-1)[: seg.numel()].to(req_to_token.dtype)
+    op = "assign_req_to_token_pool_cpu"
+    rows, col = _segment_slots(
+        op, req_to_token, pool_len, req_pool_indices, start_offset, end_offset, out_cache_loc
+    )
+    req_to_token[rows, col] = out_cache_loc.reshape(-1)[: rows.numel()].to(req_to_token.dtype)
 
 
 def assign_extend_cache_locs_cpu(
@@ -94,15 +90,36 @@ def assign_extend_cache_locs_cpu(
     Raises:
         ValueError: `pool_len` disagrees with `req_to_token`, or `out_cache_loc` is too short.
     """
-    _check_pool_len(req_to_token, pool_len, "assign_extend_cache_locs_cpu")
+    op = "assign_extend_cache_locs_cpu"
+    rows, col = _segment_slots(
+        op, req_to_token, pool_len, req_pool_indices, start_offset, end_offset, out_cache_loc
+    )
+    out_cache_loc.view(-1)[: rows.numel()] = req_to_token[rows, col].to(out_cache_loc.dtype)
+
+
+def _segment_slots(
+    op: str,
+    req_to_token: torch.Tensor,
+    pool_len: int,
+    req_pool_indices: torch.Tensor,
+    start_offset: torch.Tensor,
+    end_offset: torch.Tensor,
+    out_cache_loc: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`req_to_token` coordinates `(rows, col)`, both int64 `[sum(end - start)]`, of the segments.
+
+    Raises:
+        ValueError: `pool_len` disagrees with `req_to_token`, or `out_cache_loc` has fewer
+            entries than the segments (the message names `op`).
+    """
+    _check_pool_len(req_to_token, pool_len, op)
     seg, col = segment_coords(start_offset, end_offset)
     if seg.numel() > out_cache_loc.numel():
         raise ValueError(
-            f"assign_extend_cache_locs_cpu: out_cache_loc has {out_cache_loc.numel()} entries, "
+            f"{op}: out_cache_loc has {out_cache_loc.numel()} entries, "
             f"the offsets need {seg.numel()}"
         )
-    rows = req_pool_indices.reshape(-1).to(torch.int64)[seg]
-    out_cache_loc.view(-1)[: seg.numel()] = req_to_token[rows, col].to(out_cache_loc.dtype)
+    return req_pool_indices.reshape(-1).to(torch.int64)[seg], col
 
 
 def assign_draft_cache_locs_contiguous_cpu(
