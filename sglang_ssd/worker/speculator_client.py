@@ -39,7 +39,7 @@ from sglang_ssd.transport import (
     TransportError,
 )
 from sglang_ssd.worker.draft_batch import DraftBatch
-from sglang_ssd.worker.draft_provider import LocalNgramProvider, request_tokens
+from sglang_ssd.worker.draft_provider import DraftSource, LocalNgramProvider, request_tokens
 from sglang_ssd.worker.supervisor import SpeculatorProcess, Supervisor
 
 logger = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ class SpeculatorClient:
     ) -> None:
         self.config = config
         self.vocab_size = vocab_size
-        self.local = LocalNgramProvider(config.lookahead)
+        self.local: DraftSource = LocalNgramProvider(config.lookahead)
         self.policy = default_policy(config)
         self.opened: dict[str, int] = {}  # rid -> committed tokens the speculator holds
         self.pending: dict[str, tuple[int, int]] = {}  # rid -> (k, bonus) not yet reported
