@@ -44,6 +44,9 @@ def _flag_value(argv: Sequence[str], flag: str) -> str | None:
     return value
 
 
+flag_value = _flag_value  # public: eval reads the launcher's flags the launcher's way
+
+
 def _without_flag(argv: Sequence[str], flag: str) -> list[str]:
     out: list[str] = []
     skip = False
