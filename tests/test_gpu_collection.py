@@ -38,6 +38,5 @@ def test_gpu_checks_collect_without_sglang(tmp_path: Path) -> None:
     )
     output = done.stdout + done.stderr
     assert done.returncode == 0, output
-    assert "error" not in output.lower(), output
     for module in sorted((ROOT / "tests" / "gpu").glob("test_*.py")):
         assert f"{module.name}::" in output, f"nothing collected from {module.name}:\n{output}"

@@ -78,17 +78,25 @@ def random_tree_block(gen: torch.Generator, n: int) -> torch.Tensor:
     return block
 
 
-def decode(q, paged, key, value, loc, seq_lens, scale, logit_cap=0.0, **overrides):
-    args = dict(sliding_window_size=0, sinks=None, is_cross_attn=False, k_scale=1.0, v_scale=1.0)
+def switched_off(overrides: dict) -> tuple:
+    """The ops' trailing is_cross_attn, sliding_window_size, encoder_lens, sinks: off, unless
+    `overrides` switches one on (these are the arguments the CPU ops reject)."""
+    args = dict(is_cross_attn=False, sliding_window_size=0, encoder_lens=None, sinks=None)
     args.update(overrides)
+    return args["is_cross_attn"], args["sliding_window_size"], args["encoder_lens"], args["sinks"]
+
+
+def decode(
+    q, paged, key, value, loc, seq_lens, scale, logit_cap=0.0, k_scale=1.0, v_scale=1.0, **overrides
+):
     out = torch.empty(q.shape[0], q.shape[1], paged.v_buffer.shape[-1], dtype=q.dtype)
     attn_logits = torch.zeros(q.shape[0], q.shape[1], 8, paged.v_buffer.shape[-1] + 1)
     torch.ops.sgl_kernel.decode_attention_cpu(
         q,
         paged.k_buffer,
         paged.v_buffer,
-        args["k_scale"],
-        args["v_scale"],
+        k_scale,
+        v_scale,
         out,
         key,
         value,
@@ -99,10 +107,7 @@ def decode(q, paged, key, value, loc, seq_lens, scale, logit_cap=0.0, **override
         seq_lens,
         scale,
         logit_cap,
-        args["is_cross_attn"],
-        args["sliding_window_size"],
-        None,
-        args["sinks"],
+        *switched_off(overrides),
     )
     return out
 
@@ -212,8 +217,6 @@ def extend(
     is_causal=True,
     **overrides,
 ):
-    args = dict(sliding_window_size=0, sinks=None, is_cross_attn=False)
-    args.update(overrides)
     out = torch.empty(q.shape[0], q.shape[1], paged.v_buffer.shape[-1], dtype=q.dtype)
     starts = (torch.cumsum(ext_lens, 0) - ext_lens).int()
     torch.ops.sgl_kernel.extend_attention_cpu(
@@ -233,10 +236,7 @@ def extend(
         int(ext_lens.max()),
         scale,
         logit_cap,
-        args["is_cross_attn"],
-        args["sliding_window_size"],
-        None,
-        args["sinks"],
+        *switched_off(overrides),
         custom_mask,
         is_causal,
     )
@@ -301,16 +301,7 @@ def test_unsupported_arguments_raise(override, message) -> None:
     paged = make_paged(gen, [3], 2, 8, 8, torch.float32)
     q = torch.randn(1, 4, 8)
     with pytest.raises(NotImplementedError, match=message):
-        decode(
-            q,
-            paged,
-            None,
-            None,
-            torch.zeros(1, dtype=torch.int64),
-            torch.tensor([3]),
-            0.3,
-            **override,
-        )
+        decode_stored(q, paged, **override)
     q3 = torch.randn(3, 4, 8)
     with pytest.raises(NotImplementedError, match=message):
         extend(q3, None, None, paged, torch.tensor([3]), torch.tensor([3]), 0.3, **override)
@@ -320,13 +311,10 @@ def test_scales_on_unquantised_cache_raise() -> None:
     gen = torch.Generator().manual_seed(0)
     paged = make_paged(gen, [3], 2, 8, 8, torch.float32)
     with pytest.raises(NotImplementedError, match="scales"):
-        decode(
-            torch.randn(1, 4, 8),
-            paged,
-            None,
-            None,
-            torch.zeros(1, dtype=torch.int64),
-            torch.tensor([3]),
-            0.3,
-            k_scale=0.5,
-        )
+        decode_stored(torch.randn(1, 4, 8), paged, k_scale=0.5)
+
+
+def decode_stored(q, paged, **overrides):
+    """`decode` of one query over a 3-token request whose KV is already in the pool."""
+    loc = torch.zeros(1, dtype=torch.int64)
+    return decode(q, paged, None, None, loc, torch.tensor([3]), 0.3, **overrides)
