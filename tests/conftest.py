@@ -1,4 +1,4 @@
-"""Shared fixtures: tiny random-weight models built once per test session."""
+"""Shared fixtures: the tiny trained pair, built and checked once per test session."""
 
 from __future__ import annotations
 
@@ -7,22 +7,43 @@ from pathlib import Path
 
 import pytest
 
-from sglang_ssd.testing import TinySpec, make_tiny_model
-
 # The Triton reference kernels of tests/kernels run on Triton's CPU interpreter, which must be on
 # when triton is first imported (it jits its own helpers then). Some test modules import SGLang,
 # which imports triton, and may be collected first: import it here, before any of them.
 sys.path.insert(0, str(Path(__file__).parent / "kernels"))
 import sglang_source  # noqa: F401
 
-
-@pytest.fixture(scope="session")
-def tiny_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A 2-layer tiny Qwen2 (fp32) used as a target."""
-    return make_tiny_model(tmp_path_factory.mktemp("tiny-target"), TinySpec(seed=0))
+from sglang_ssd.testing.pair_stats import PairStats, check_pair
+from sglang_ssd.testing.trained_pair import make_trained_pair
 
 
 @pytest.fixture(scope="session")
-def tiny_draft(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A 1-layer tiny Qwen2 sharing the target's tokenizer, different weights."""
-    return make_tiny_model(tmp_path_factory.mktemp("tiny-draft"), TinySpec(num_layers=1, seed=1))
+def tiny_pair_stats(tmp_path_factory: pytest.TempPathFactory) -> PairStats:
+    """The tiny pair, trained on the fly (seconds), and what a greedy SSD run on it exercised.
+
+    The pair (folders in `.paths`: target, draft) is checked here, before any test uses them:
+    varied greedy output, accept length in [1.5, γ], cache hit rate in [0.2, 0.95], hits at
+    k < γ and k = γ, rounds from cache, jit and ngram drafts (`sglang_ssd.testing.pair_stats`).
+    A degenerate pair fails every test that uses it, with the measured numbers.
+    """
+    target, draft = make_trained_pair(tmp_path_factory.mktemp("tiny-pair"))
+    return check_pair(target, draft)
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tiny_pair_stats: PairStats) -> tuple[Path, Path]:
+    """(target, draft) folders of the checked tiny pair (see `tiny_pair_stats`)."""
+    assert tiny_pair_stats.paths is not None
+    return tiny_pair_stats.paths
+
+
+@pytest.fixture(scope="session")
+def tiny_target(tiny_pair: tuple[Path, Path]) -> Path:
+    """The tiny pair's target: 2 layers, fp32, trained on the procedural corpus."""
+    return tiny_pair[0]
+
+
+@pytest.fixture(scope="session")
+def tiny_draft(tiny_pair: tuple[Path, Path]) -> Path:
+    """The tiny pair's draft: 1 layer, trained for fewer steps (agrees with the target in part)."""
+    return tiny_pair[1]

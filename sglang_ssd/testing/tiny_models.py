@@ -44,6 +44,19 @@ class TinySpec:
     max_position_embeddings: int = 1024
 
 
+def tokenize(text: str) -> list[int]:
+    """Token ids of `text` under the tiny tokenizer (one id per character).
+
+    Raises:
+        ValueError: on a character outside printable ASCII.
+    """
+    index = {c: i for i, c in enumerate(_CHARS)}
+    try:
+        return [index[c] for c in text]
+    except KeyError as exc:
+        raise ValueError(f"character {exc.args[0]!r} is not in the tiny vocabulary") from None
+
+
 def _write_tokenizer(path: Path) -> int:
     """Save a character-level fast tokenizer; returns the EOS id."""
     from tokenizers import Tokenizer, models, pre_tokenizers
