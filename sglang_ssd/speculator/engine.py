@@ -111,6 +111,16 @@ class SpeculatorEngine:
     def num_used_slots(self) -> int:
         return self.model.kv_pool.num_used
 
+    def stats(self) -> dict[str, float]:
+        """The engine's counters for `/ssd/stats`: the speculation cache's (`cache_*`), KV slots
+        in use, open requests, cached entries and the live hit-model exponent r."""
+        out = {f"cache_{k}": float(v) for k, v in self.cache.stats.items()}
+        out["kv_slots_used"] = float(self.num_used_slots())
+        out["open_requests"] = float(len(self.requests))
+        out["cache_entries"] = float(self.cache.num_entries)
+        out["hit_exponent"] = self.hit_exponent
+        return out
+
     # ---------------------------------------------------------------- outcomes
     def apply_outcomes(self, outcomes: Sequence[OutcomeIn]) -> list[str]:
         """Commit each verified outcome; a cached branch for it becomes the next draft.
@@ -147,7 +157,6 @@ class SpeculatorEngine:
         state.draft = None
         branches = state.branches
         state.branches = None
-        state.round_id += 1
         if branches is None:
             self.cache.remove(state.rid)
             return
@@ -156,7 +165,6 @@ class SpeculatorEngine:
         hit = row >= 0 and keep == n_old + k
         self.live.observe_hit(branches.ks.count(k), hit)
         if hit:
-            state.count("hits")
             state.slots = torch.cat([state.slots, branches.slots[row]])
             others = torch.ones(branches.slots.shape[0], dtype=torch.bool)
             others[row] = False
@@ -167,10 +175,8 @@ class SpeculatorEngine:
                 q=None if state.is_greedy else q,
                 candidates=branches.candidates[row],
                 source="cache",
-                round_id=state.round_id,
             )
         else:
-            state.count("misses")
             self.model.kv_pool.free(branches.slots.reshape(-1))
         self.cache.remove(state.rid)
 
@@ -209,14 +215,12 @@ class SpeculatorEngine:
             else:
                 for s in need:
                     self._point_mass(s, backup, depth)
-            for s in need:
-                s.count(f"backup_{backup}")
         return [None if s is None else s.draft for s in states]
 
     def _point_mass(self, state: RequestState, backup: str, depth: int) -> None:
         proposer = self.ngram if backup == "ngram" else self.random
         tokens = proposer.propose(state.committed, depth).tolist()
-        state.draft = Draft(tokens, None, None, backup, state.round_id)
+        state.draft = Draft(tokens, None, None, backup)
 
     def _jit(self, states: list[RequestState], depth: int, plan: FanoutPlan, saguaro: bool) -> None:
         """Draft `depth` tokens for each state just in time: `depth` batched forwards."""
@@ -242,7 +246,6 @@ class SpeculatorEngine:
                 q=None if s.is_greedy else torch.stack(qs[i]),  # type: ignore[arg-type]
                 candidates=pad_rows(cands[i] + [torch.empty(0, dtype=torch.int64)], num_cand),
                 source="jit",
-                round_id=s.round_id,
             )
 
     # ---------------------------------------------------------------- forwards
@@ -322,9 +325,7 @@ class SpeculatorEngine:
         state = self.requests.get(rid)
         if state is None or state.draft is not None:
             return
-        state.draft = Draft(
-            tokens=[], q=None, candidates=None, source="prefill", round_id=state.round_id
-        )
+        state.draft = Draft(tokens=[], q=None, candidates=None, source="prefill")
         self.build([rid])
 
     def build(self, rids: Sequence[str]) -> None:

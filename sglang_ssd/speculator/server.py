@@ -52,14 +52,12 @@ class SpeculatorServer:
             "build_s": 0.0,
             "lookup_s": 0.0,
             "backup_s": 0.0,
-            "idle_s": 0.0,
             "send_s": 0.0,
         }
 
     def run(self) -> None:
         """Loop until Shutdown, a lost parent, or a transport failure (which ends the process:
         the target restarts a fresh speculator)."""
-        idle_since = time.perf_counter()
         while True:
             msg = self.link.recv(IDLE_POLL_S)
             if msg is None:
@@ -67,7 +65,6 @@ class SpeculatorServer:
                     logger.warning("SSD speculator: parent %d is gone; exiting", self.parent_pid)
                     return
                 continue
-            self.counters["idle_s"] += time.perf_counter() - idle_since
             if isinstance(msg, Shutdown):
                 return
             try:
@@ -82,7 +79,6 @@ class SpeculatorServer:
                 except TransportError as send_exc:
                     logger.error("SSD speculator: link failed (%s); exiting", send_exc)
                     return
-            idle_since = time.perf_counter()
 
     def _dispatch(self, msg: object) -> None:
         if isinstance(msg, Step):
@@ -166,15 +162,6 @@ class SpeculatorServer:
         return msg, tokens, q
 
     def stats(self) -> dict[str, float]:
-        """Counters for `/ssd/stats`: round totals, cache hits/misses, pool use."""
-        out = dict(self.counters)
-        totals: dict[str, float] = {}
-        for state in self.engine.requests.values():
-            for key, value in state.stats.items():
-                totals[key] = totals.get(key, 0) + value
-        out.update({f"requests_{k}": v for k, v in totals.items()})
-        out.update({f"cache_{k}": float(v) for k, v in self.engine.cache.stats.items()})
-        out["kv_slots_used"] = float(self.engine.num_used_slots())
-        out["open_requests"] = float(len(self.engine.requests))
-        out["cache_entries"] = float(self.engine.cache.num_entries)
-        return out
+        """Counters for `/ssd/stats`: round totals and timers, then the engine's (cache hits,
+        pool use, hit exponent)."""
+        return {**self.counters, **self.engine.stats()}

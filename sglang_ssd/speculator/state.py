@@ -24,15 +24,13 @@ class Draft:
         candidates: int64 [D + 1, C] or None: per fork point k (rejection of d_{k+1}, k < D;
             or all accepted, k = D) the draft's most likely bonus tokens, best first, padded
             with -1. Row D is filled by glue decode.
-        source: "cache", "jit", "ngram" or "random".
-        round_id: the round this draft is for.
+        source: "cache", "jit", "ngram", "random" (or "prefill": the empty first-round draft).
     """
 
     tokens: list[int]
     q: torch.Tensor | None
     candidates: torch.Tensor | None
     source: str
-    round_id: int
 
     @property
     def depth(self) -> int:
@@ -65,7 +63,6 @@ class RequestState:
         slots: int64 [num_fed], KV slots of the fed prefix of `committed + draft.tokens`.
         draft: the outstanding draft, if any.
         branches: this round's pre-speculated branches, if built.
-        stats: counters for metrics (hits, misses, backup rounds by kind).
     """
 
     rid: str
@@ -77,8 +74,6 @@ class RequestState:
     slots: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.int64))
     draft: Draft | None = None
     branches: Branches | None = None
-    round_id: int = 0
-    stats: dict[str, int] = field(default_factory=dict)
 
     @property
     def num_fed(self) -> int:
@@ -93,6 +88,3 @@ class RequestState:
     def sequence(self) -> list[int]:
         """committed + outstanding draft tokens."""
         return self.committed + (self.draft.tokens if self.draft is not None else [])
-
-    def count(self, key: str, n: int = 1) -> None:
-        self.stats[key] = self.stats.get(key, 0) + n

@@ -27,7 +27,11 @@ def _engine(path, **config) -> SpeculatorEngine:
 def _hf_greedy(path, tokens: list[int], n: int) -> list[int]:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     ids = torch.tensor([tokens])
-    out = model.generate(ids, max_new_tokens=n, do_sample=False, pad_token_id=0)
+    # An explicit all-ones mask: with pad_token_id=0 and no mask, HF masks every id-0 token.
+    mask = torch.ones_like(ids)
+    out = model.generate(
+        ids, attention_mask=mask, max_new_tokens=n, do_sample=False, pad_token_id=0
+    )
     return out[0, len(tokens) :].tolist()
 
 
@@ -173,4 +177,4 @@ def test_one_fanout_plan_per_round_and_outcomes_feed_the_hit_model(tiny_draft, m
     k, bonus = state.branches.ks[0], state.branches.bonus[0]
     engine.apply_outcomes([OutcomeIn("a", k, bonus), OutcomeIn("b", 4, 95)])
     assert engine.live.num_hit_observations == 2
-    assert engine.hit_exponent == engine.live.hit_exponent
+    assert engine.stats()["hit_exponent"] == engine.hit_exponent == engine.live.hit_exponent
