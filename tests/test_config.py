@@ -6,7 +6,14 @@ import argparse
 
 import pytest
 
-from sglang_ssd.config import SSDConfig, SSDConfigError, add_ssd_args, parse_cpu_list
+from sglang_ssd.config import (
+    FLAGS,
+    LIVE_FIELDS,
+    SSDConfig,
+    SSDConfigError,
+    add_ssd_args,
+    parse_cpu_list,
+)
 from sglang_ssd.launch_server import apply_defaults, build_config, split_args
 
 
@@ -40,6 +47,30 @@ def test_defaults_are_valid_and_round_trip_through_env():
 def test_invalid_values_name_their_flag(changes, needle):
     with pytest.raises(SSDConfigError, match=needle):
         SSDConfig(**changes)
+
+
+def test_every_flag_is_generated_from_its_declaration():
+    """The parser, `from_namespace` and the checks all come from `SSDConfig`'s fields."""
+    parser = argparse.ArgumentParser()
+    add_ssd_args(parser)
+    options = {a.option_strings[0] for a in parser._actions if a.option_strings[0] != "-h"}
+    assert options == {f"--ssd-{name.replace('_', '-')}" for name in FLAGS if name != "lookahead"}
+    argv = [
+        *("--ssd-mode", "sync", "--ssd-tree-depth", "2", "--ssd-fanout-budget", "3"),
+        *("--ssd-fanout", "uniform", "--ssd-beta", "0.5", "--ssd-backup", "ngram"),
+        *("--ssd-batch-threshold", "4", "--ssd-draft-device", "cpu", "--ssd-draft-cpus", "1-2"),
+        *("--ssd-speculator-timeout", "9"),
+    ]
+    got = SSDConfig.from_namespace(parser.parse_args(argv), lookahead=3)
+    assert got == SSDConfig(3, "sync", 2, 3, "uniform", 0.5, "ngram", 4, "cpu", (1, 2), 9.0)
+    assert SSDConfig.from_namespace(parser.parse_args([]), lookahead=4) == SSDConfig()
+    assert set(LIVE_FIELDS) == {"beta", "fanout_budget", "fanout", "backup"}
+
+
+@pytest.mark.parametrize("bad", [{"beta": "x"}, {"fanout_budget": None}, {"draft_cpus": ()}])
+def test_wrong_types_and_empty_values_are_refused(bad):
+    with pytest.raises(SSDConfigError, match=f"--ssd-{next(iter(bad)).replace('_', '-')}"):
+        SSDConfig(**bad)
 
 
 def test_unknown_json_key_is_refused():
