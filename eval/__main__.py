@@ -28,9 +28,11 @@ from pathlib import Path
 
 from eval import configs as presets
 from eval import datasets, figures, report, ssd_bench, sweep
-from eval.client import Sampling
-from eval.harness import Config, RunSettings, run_interleaved
+from eval.configs import Config
+from eval.harness import RunSettings, run_interleaved
+from eval.sampling import Sampling
 from eval.summary import format_table
+from sglang_ssd.launch_server import flag_value
 
 RESULTS = Path("eval/results")
 LOGS = Path("eval/logs")
@@ -194,8 +196,6 @@ def cmd_run(a: argparse.Namespace) -> int:
     configs = presets.load_configs(a.configs)
     tokenizer = a.tokenizer
     if tokenizer is None:
-        from eval.harness import flag_value
-
         model = flag_value(configs[0].args, "--model-path")
         tokenizer = Path(model) if model else presets.default_model_dirs()[0]
     _run(a, configs, tokenizer, a.name or Path(a.configs).stem)

@@ -19,6 +19,8 @@ from typing import Any
 
 import requests
 
+from eval.sampling import Sampling
+
 # Keys of SGLang's meta_info worth keeping per request (the rest is large or constant).
 META_KEYS = (
     "id",
@@ -34,35 +36,6 @@ META_KEYS = (
     "spec_num_proposed_drafts",
     "spec_correct_drafts_histogram",
 )
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """Sampling parameters. ``temperature == 0`` is greedy; a seed makes T > 0 repeatable."""
-
-    max_new_tokens: int = 128
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = -1
-    seed: int | None = None
-    ignore_eos: bool = False
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
-
-    def to_sglang(self, request_index: int = 0) -> dict[str, Any]:
-        """SGLang's `sampling_params`; the seed is offset per request so requests differ."""
-        params: dict[str, Any] = {
-            "max_new_tokens": self.max_new_tokens,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "top_k": self.top_k,
-            "ignore_eos": self.ignore_eos,
-        }
-        if self.seed is not None and not self.greedy:
-            params["sampling_seed"] = self.seed + request_index
-        return params
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Named configurations (data): builders for the usual servers and a JSON loader.
+"""Configurations as data: `Config`, builders for the usual servers and a JSON loader.
 
 Later experiments add configurations here or in a JSON file (`python -m eval run --configs`),
 not new harness code. Every builder spells out the flags that matter for a fair comparison
@@ -9,15 +9,121 @@ results JSON records them.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from eval.harness import Config
+from eval.servers import Server
+from sglang_ssd.config import SSDConfig
+from sglang_ssd.launch_server import DEFAULT_ALGORITHM, DEFAULT_LOOKAHEAD, flag_value
 
 DTYPE = "bfloat16"
 # KV pool size (tokens) for eval servers: prompts here are < 500 tokens, so 8192 covers batch 8
 # at 128 new tokens while keeping two real servers within this machine's 24 GB.
 MAX_TOTAL_TOKENS = 8192
+
+
+_SSD_DEFAULTS = SSDConfig()
+
+
+@dataclass(frozen=True)
+class Config:
+    """One server configuration, as data.
+
+    Attributes:
+        name: unique label (table rows, result keys, log names).
+        args: arguments for `python -m sglang_ssd.launch_server` (host and port are added).
+        cpus: pin every process of the server to these CPUs (None: no pinning).
+        threads: `OMP_NUM_THREADS` (default: ``len(cpus)`` when pinned, else unset).
+        env: further environment overrides.
+        notes: free text kept in the results (e.g. why a config is not lossless).
+        share: name of the server this configuration runs on; configurations with the same
+            `share` (and identical args, CPUs and environment) run on one server. None: its own.
+        admin: SSD run-time settings (`POST /ssd/config`) applied before each of its units.
+    """
+
+    name: str
+    args: tuple[str, ...] = ()
+    cpus: tuple[int, ...] | None = None
+    threads: int | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    notes: str = ""
+    share: str | None = None
+    admin: Mapping[str, Any] | None = None
+
+    @property
+    def server_name(self) -> str:
+        """The server this configuration runs on (its log file is named after it)."""
+        return self.share or self.name
+
+    @property
+    def algorithm(self) -> str:
+        """`--speculative-algorithm`, upper case, or the launcher's default when not given."""
+        value = flag_value(self.args, "--speculative-algorithm") or DEFAULT_ALGORITHM
+        return value.upper()
+
+    @property
+    def lookahead(self) -> int | None:
+        """γ (`--speculative-num-steps`), None for autoregressive decoding."""
+        if self.algorithm == "NONE":
+            return None
+        steps = flag_value(self.args, "--speculative-num-steps")
+        return int(steps) if steps is not None else DEFAULT_LOOKAHEAD
+
+    @property
+    def ssd_mode(self) -> str:
+        """`--ssd-mode` (async or sync), or `SSDConfig`'s default when not given."""
+        return flag_value(self.args, "--ssd-mode") or _SSD_DEFAULTS.mode
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {
+            "name": self.name,
+            "args": list(self.args),
+            "cpus": list(self.cpus) if self.cpus is not None else None,
+            "threads": self.threads,
+            "env": dict(self.env),
+            "notes": self.notes,
+            "algorithm": self.algorithm,
+            "lookahead": self.lookahead,
+        }
+        # Only when set, so results written before these fields existed still resume.
+        if self.share is not None:
+            out["share"] = self.share
+        if self.admin is not None:
+            out["admin"] = dict(self.admin)
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Config:
+        cpus = d.get("cpus")
+        return cls(
+            name=d["name"],
+            args=tuple(d.get("args", ())),
+            cpus=tuple(cpus) if cpus is not None else None,
+            threads=d.get("threads"),
+            env=dict(d.get("env", {})),
+            notes=d.get("notes", ""),
+            share=d.get("share"),
+            admin=d.get("admin"),
+        )
+
+    def same_server(self, other: Config) -> bool:
+        """Whether `other` starts exactly the same server (args, pinning, environment)."""
+        return (self.args, self.cpus, self.threads, dict(self.env)) == (
+            other.args, other.cpus, other.threads, dict(other.env)
+        )  # fmt: skip
+
+    def server(self, log_dir: Path, extra_args: Sequence[str] = (), **kw: Any) -> Server:
+        return Server(
+            name=self.server_name,
+            args=[*self.args, *extra_args],
+            cpus=self.cpus,
+            threads=self.threads,
+            env=self.env,
+            log_path=log_dir / f"{self.server_name}.log",
+            **kw,
+        )
 
 
 def default_model_dirs() -> tuple[Path, Path]:

@@ -19,6 +19,7 @@ from typing import Any
 from matplotlib.figure import Figure as MplFigure
 
 from eval import ssd_stats
+from eval.configs import Config
 from eval.summary import summarize
 from eval.sweep import results_name
 
@@ -58,11 +59,6 @@ def reference(results: Mapping[str, Any]) -> str | None:
     return next((c["name"] for c in results["configs"] if c.get("algorithm") == "NONE"), None)
 
 
-def _mode(config: Mapping[str, Any]) -> str:
-    args = config.get("args", [])
-    return args[args.index("--ssd-mode") + 1] if "--ssd-mode" in args[:-1] else "async"
-
-
 def speedup_rows(results: Mapping[str, Any], source: str = "") -> list[dict[str, Any]]:
     """Every speculative configuration against the AR reference of the same file: measured
     speedup, and for SSD the speedup model's prediction from its own counters. A file with
@@ -97,7 +93,7 @@ def speedup_rows(results: Mapping[str, Any], source: str = "") -> list[dict[str,
         predicted = None
         if m and c.get("lookahead"):
             predicted = ssd_stats.predict(
-                m, c["lookahead"], batch, ar, async_mode=_mode(c) != "sync"
+                m, c["lookahead"], batch, ar, async_mode=Config.from_dict(c).ssd_mode != "sync"
             )
         rows.append(
             {

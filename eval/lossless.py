@@ -15,9 +15,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from eval.client import Sampling, generate
+from eval.client import generate
 from eval.datasets import HUMANEVAL, MTBENCH, load_prompts, load_tokenizer
 from eval.provenance import git_info, machine_info, versions
+from eval.sampling import Sampling
 from eval.servers import Server
 from sglang_ssd.models import DRAFT_MODEL, TARGET_MODEL, model_path
 from sglang_ssd.testing.greedy import DEFAULT_MARGIN_EPS, check_greedy

@@ -21,7 +21,7 @@ from typing import Any
 
 from eval import configs as presets
 from eval import ssd_stats
-from eval.harness import Config
+from eval.configs import Config
 
 ARRANGEMENTS = ("paper", "equal")
 

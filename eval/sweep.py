@@ -31,15 +31,18 @@ from typing import Any
 from tqdm import tqdm
 
 from eval import datasets, ssd_bench
-from eval.client import Sampling
+from eval.configs import Config
 from eval.datasets import Prompt
-from eval.harness import HARNESS_ARGS, Config, RunSettings, flag_value, run_interleaved
+from eval.harness import HARNESS_ARGS, RunSettings, run_interleaved
+from eval.sampling import Sampling
 from eval.servers import Server
+from sglang_ssd.config import SSDConfig
 
 SWEEPS = ("beta", "fanout", "backup")
-# Launcher defaults of the live settings (sglang_ssd/config.py); each sweep point overrides some.
-LIVE_DEFAULTS: dict[str, Any] = {"beta": 1.0, "fanout_budget": 8, "fanout": "geometric",
-                                 "backup": "auto"}  # fmt: skip
+# The live settings every sweep point names, at `SSDConfig`'s defaults; each point overrides some.
+LIVE_DEFAULTS: dict[str, Any] = {
+    key: getattr(SSDConfig(), key) for key in ("beta", "fanout_budget", "fanout", "backup")
+}
 AR, SSD = "AR-2c", "SSD-1+1c"  # the reference and SSD configurations (`ssd_bench`, equal)
 SAMPLED = Sampling(temperature=0.7, seed=0)
 # Assumed speeds of the real pair on this 2-core CPU, for the printed duration estimate only.
@@ -130,13 +133,9 @@ class Plan:
         tokens = len(self.prompts) * self.settings.repeats * self.settings.sampling.max_new_tokens
         total = 0.0
         for c in self.configs:
-            kind = c.algorithm if c.algorithm != "SSD" else _mode(c)
+            kind = c.algorithm if c.algorithm != "SSD" else c.ssd_mode
             total += tokens / ASSUMED_TOK_PER_S.get(kind, 2.0)
         return total
-
-
-def _mode(config: Config) -> str:
-    return flag_value(config.args, "--ssd-mode") or "async"
 
 
 PromptSource = Callable[[str, int], list[Prompt]]

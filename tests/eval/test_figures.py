@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from eval import figures, harness, report, ssd_bench, sweep
+from eval.configs import Config
 from eval.datasets import Prompt, Record
 from eval.summary import summarize
 
@@ -202,17 +203,17 @@ def test_sweep_plans_share_the_ssd_server() -> None:
 
 
 def test_shared_server_configs_round_trip_and_validate() -> None:
-    ssd = harness.Config("SSD", ("--speculative-algorithm", "SSD"))
+    ssd = Config("SSD", ("--speculative-algorithm", "SSD"))
     a = sweep.point(ssd, "SSD β=0.5", beta=0.5)
-    assert harness.Config.from_dict(a.to_dict()) == a
+    assert Config.from_dict(a.to_dict()) == a
     assert "share" not in ssd.to_dict() and "admin" not in ssd.to_dict()  # old files resume
     b = sweep.point(ssd, "SSD β=1", beta=1.0)
     assert {k: [c.name for c in v] for k, v in harness.server_groups([a, b]).items()} == {
         "SSD": ["SSD β=0.5", "SSD β=1"]
     }
     with pytest.raises(ValueError, match="needs `admin`"):
-        harness.server_groups([a, harness.Config("SSD 2", ssd.args, share="SSD")])
-    other = harness.Config("SSD 3", ("--other",), share="SSD", admin={"beta": 1.0})
+        harness.server_groups([a, Config("SSD 2", ssd.args, share="SSD")])
+    other = Config("SSD 3", ("--other",), share="SSD", admin={"beta": 1.0})
     with pytest.raises(ValueError, match="differ"):
         harness.server_groups([a, other])
     assert harness.fits_together([a, sweep.point(ssd, "b", beta=0.2)]) == harness.fits_together([a])

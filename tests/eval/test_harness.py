@@ -17,8 +17,11 @@ from typing import Any
 
 import pytest
 
-from eval import configs, cpuload, datasets, harness, servers, summary
-from eval.client import Sampling
+from eval import configs, cpuload, datasets, harness, interleave, servers, summary
+from eval.configs import Config
+from eval.sampling import Sampling
+from sglang_ssd import launch_server
+from sglang_ssd.launch_server import flag_value
 
 REAL_TARGET = Path.home() / ".cache/sglang_ssd/models/qwen2.5-coder-1.5b-instruct"
 TINY_ARGS = ("--attention-backend", "torch_native")
@@ -89,16 +92,25 @@ def test_config_roundtrip_and_derived_fields() -> None:
     sd = configs.standalone("/m/t", "/m/d", lookahead=3, cpus=[0], threads=1)
     assert (ar.algorithm, ar.lookahead) == ("NONE", None)
     assert (sd.algorithm, sd.lookahead) == ("STANDALONE", 3)
-    assert harness.flag_value(sd.args, "--speculative-num-draft-tokens") == "4"
+    assert flag_value(sd.args, "--speculative-num-draft-tokens") == "4"
     for c in (ar, sd):
-        assert harness.Config.from_dict(json.loads(json.dumps(c.to_dict()))) == c
-    assert harness.Config("x", ("--model-path", "/m")).algorithm == "STANDALONE"  # launcher default
+        assert Config.from_dict(json.loads(json.dumps(c.to_dict()))) == c
+
+
+def test_default_algorithm_and_lookahead_are_the_launchers() -> None:
+    """A configuration without the flags describes the server the launcher actually starts."""
+    args = ("--model-path", "/m/t", "--speculative-draft-model-path", "/m/d")
+    launched = launch_server.apply_defaults(list(args), cuda=True, environ={})
+    config = Config("x", args)
+    assert config.algorithm == launch_server.DEFAULT_ALGORITHM
+    assert config.algorithm == flag_value(launched, "--speculative-algorithm")
+    assert config.lookahead == int(flag_value(launched, "--speculative-num-steps") or -1)
 
 
 def test_interleaved_order_alternates() -> None:
-    a, b, c = (harness.Config(n) for n in "ABC")
-    assert [x.name for x in harness.interleaved_order([a, b, c], 0)] == ["A", "B", "C"]
-    assert [x.name for x in harness.interleaved_order([a, b, c], 1)] == ["C", "B", "A"]
+    a, b, c = (Config(n) for n in "ABC")
+    assert [x.name for x in interleave.interleaved_order([a, b, c], 0)] == ["A", "B", "C"]
+    assert [x.name for x in interleave.interleaved_order([a, b, c], 1)] == ["C", "B", "A"]
 
 
 def test_pinning_command_line_and_env() -> None:

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from eval import configs, datasets, harness, ssd_bench, ssd_stats
-from eval.client import Sampling
+from eval.sampling import Sampling
+from sglang_ssd.launch_server import flag_value
 from sglang_ssd.saguaro import expected_speedup
 
 
@@ -67,9 +68,9 @@ def test_bench_configs_arrangements() -> None:
                      "SSD-1+1c"]  # fmt: skip
     by = {c.name: c for c in cfgs}
     assert by["AR-1c"].cpus == (0,) and by["STANDALONE-2c"].cpus == (0, 1)
-    assert harness.flag_value(by["SSD-1+1c"].args, "--ssd-draft-cpus") == "1"
-    assert harness.flag_value(by["SYNC-1c"].args, "--ssd-mode") == "sync"
-    assert harness.flag_value(by["SYNC-1c"].args, "--ssd-draft-cpus") is None  # shares core 0
+    assert flag_value(by["SSD-1+1c"].args, "--ssd-draft-cpus") == "1"
+    assert flag_value(by["SYNC-1c"].args, "--ssd-mode") == "sync"
+    assert flag_value(by["SYNC-1c"].args, "--ssd-draft-cpus") is None  # shares core 0
     assert {c.lookahead for c in cfgs if c.algorithm != "NONE"} == {4}
     assert [c.name for c in ssd_bench.bench_configs("T", "D", ["paper"])][-1] == "SSD-1+1c"
     with pytest.raises(ValueError):

@@ -15,9 +15,11 @@ import pytest
 import requests
 
 from eval import client, configs, datasets, figures, harness, ssd_stats, sweep
-from eval.client import BatchResult, RequestResult, Sampling
+from eval.client import BatchResult, RequestResult
+from eval.configs import Config
 from eval.datasets import Prompt, Record
 from eval.harness import RunSettings
+from eval.sampling import Sampling
 
 TINY = ("--dtype", "float32", "--max-total-tokens", "4096")
 
@@ -55,7 +57,7 @@ def fake_servers(monkeypatch: pytest.MonkeyPatch) -> dict[str, list]:
     """No processes: fake servers, requests and admin calls, all recorded in order."""
     log: dict[str, list] = {"started": [], "configured": [], "sent": []}
 
-    def server(self: harness.Config, log_dir: Path, extra: Any = (), **kw: Any) -> FakeServer:
+    def server(self: Config, log_dir: Path, extra: Any = (), **kw: Any) -> FakeServer:
         return FakeServer(self.server_name, log["started"])
 
     def generate_batch(url: str, prompts: Any, sampling: Any, **kw: Any) -> BatchResult:
@@ -68,7 +70,7 @@ def fake_servers(monkeypatch: pytest.MonkeyPatch) -> dict[str, list]:
         log["configured"].append((url, changes["beta"]))
         return dict(changes)
 
-    monkeypatch.setattr(harness.Config, "server", server)
+    monkeypatch.setattr(Config, "server", server)
     monkeypatch.setattr(client, "generate_batch", generate_batch)
     monkeypatch.setattr(client, "generate", lambda *a, **kw: None)
     monkeypatch.setattr(client, "flush_cache", lambda *a, **kw: True)
@@ -81,8 +83,8 @@ def fake_servers(monkeypatch: pytest.MonkeyPatch) -> dict[str, list]:
 def test_shared_server_units_apply_their_settings(
     fake_servers: dict[str, list], concurrent: bool, tmp_path: Path
 ) -> None:
-    ar = harness.Config("AR", ("--speculative-algorithm", "NONE"))
-    ssd = harness.Config("SSD", ("--speculative-algorithm", "SSD"))
+    ar = Config("AR", ("--speculative-algorithm", "NONE"))
+    ssd = Config("SSD", ("--speculative-algorithm", "SSD"))
     cfgs = [ar, *sweep.beta_points(ssd, (1.0, 0.5))]
     prompts = [Prompt(Record("humaneval", f"p{i}", "x"), (1, 2)) for i in range(2)]
     settings = RunSettings(concurrent_servers=concurrent)
