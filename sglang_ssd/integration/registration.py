@@ -4,9 +4,9 @@ The target side of SSD is structurally SGLang's NGRAM worker: drafts come from o
 target's model runner (here: the speculator process), the verify forward is a TARGET_VERIFY
 over γ + 1 chain positions, and no draft KV lives in the target's pool. So `SSDSpecAlgo`
 answers `is_ngram()` for the scheduler's plumbing (result relay, verify-input type, KV
-reserve), while its own worker (`sglang_ssd.worker.ssd_worker.SSDWorker`) drafts and verifies. It also
-defines the three methods the scheduler calls that `CustomSpecAlgo` lacks in SGLang 0.5.23
-(`carries_draft_hidden_states`, `create_future_map`, `need_topk`).
+reserve), while its own worker (`sglang_ssd.worker.ssd_worker.SSDWorker`) drafts and verifies.
+It also defines the three methods the scheduler calls that `CustomSpecAlgo` lacks in SGLang
+0.5.23 (`carries_draft_hidden_states`, `create_future_map`, `need_topk`).
 """
 
 from __future__ import annotations
