@@ -55,8 +55,8 @@ def admin_address(port_args: Any) -> str:
 
 # ------------------------------------------------------------------ scheduler side
 def _config(worker: Any) -> SSDConfig:
-    """The settings in force: the client's copy is the one live changes update."""
-    return getattr(worker.provider, "config", None) or worker.config
+    """The settings in force: the speculator client's copy is the one live changes update."""
+    return worker.provider.config
 
 
 def settings(worker: Any) -> SSDConfig:
@@ -73,8 +73,7 @@ def stats(worker: Any) -> dict[str, Any]:
         grouped = {k[len(prefix) :]: v for k, v in out.items() if k.startswith(prefix)}
         out = {k: v for k, v in out.items() if not k.startswith(prefix)}
         out[key] = grouped
-    provider_stats = getattr(worker.provider, "stats", None)
-    speculator = dict(provider_stats()) if provider_stats is not None else {}
+    speculator = dict(worker.provider.stats())
     steps = max(speculator.get("steps", 0.0), 1.0)
     for name in ("build_s", "lookup_s", "backup_s", "send_s"):
         if name in speculator:
@@ -85,12 +84,10 @@ def stats(worker: Any) -> dict[str, Any]:
         if name in speculator:
             out[name] = speculator[name]
     out["speculator"] = speculator
-    policy = getattr(worker.provider, "policy", None)
-    if policy is not None:
-        try:
-            out["fallback"] = fallback(policy)
-        except Exception as exc:  # the scheduler thread may be updating it: keep the counters
-            out["fallback"] = {"error": f"{type(exc).__name__}: {exc}"}
+    try:
+        out["fallback"] = fallback(worker.provider.policy)
+    except Exception as exc:  # the scheduler thread may be updating it: keep the counters
+        out["fallback"] = {"error": f"{type(exc).__name__}: {exc}"}
     return out
 
 
@@ -130,16 +127,13 @@ def configure(worker: Any, changes: LiveSettings) -> AdminReply:
     in force.
 
     Raises:
-        AdminError: 400 for values `SSDConfig` refuses, 409 without a speculator client.
+        AdminError: 400 for values `SSDConfig` refuses.
     """
-    apply = getattr(worker.provider, "configure", None)
-    if apply is None:
-        raise AdminError(409, "this SSD worker has no speculator to configure")
     try:
         _config(worker).replace(**changes.given())
     except SSDConfigError as exc:
         raise AdminError(400, str(exc)) from None
-    ack = apply(Configure(changes=changes))
+    ack = worker.provider.configure(Configure(changes=changes))
     logger.info("SSD: settings changed at run time: %s (speculator: %s)", changes, ack)
     return AdminReply(
         config=settings(worker),

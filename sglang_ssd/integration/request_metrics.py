@@ -14,7 +14,7 @@ Path through SGLang (scheduler → detokenizer → tokenizer manager):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from sglang_ssd.integration.registration import is_ssd
@@ -23,6 +23,8 @@ from sglang_ssd.worker.metrics import snapshot
 INFO_KEY = "ssd"
 CACHE = "cache"
 BACKUP_KINDS = ("jit", "ngram", "random", "local-ngram")
+
+
 def meta_info_fields(counts: dict[str, int]) -> dict[str, Any]:
     """The `meta_info` fields for a request's round counts by draft source.
 

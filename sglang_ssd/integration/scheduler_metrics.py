@@ -150,7 +150,6 @@ def report_decode_stats(original: Callable[..., Any], reporter: Any, *args: Any,
         collector = getattr(reporter, "metrics_collector", None)
         if reporter.current_scheduler_metrics_enabled and collector is not None:
             values = window.values()
-            provider = getattr(worker, "provider", None)
-            values["speculator_faults"] = float(getattr(provider, "faults", 0))
-            values["speculator_restarts"] = float(getattr(provider, "restarts", 0))
+            values["speculator_faults"] = float(worker.provider.faults)
+            values["speculator_restarts"] = float(worker.provider.restarts)
             _state.set_gauges(dict(collector.labels), values)

@@ -92,7 +92,10 @@ class ControlEndpoint:
         frame = encode(msg)
         if not self._sock.poll(_ms(timeout_s), zmq.POLLOUT):
             raise TransportTimeout(f"control send of {type(msg).__name__} timed out")
-        self._sock.send(frame, zmq.NOBLOCK)
+        try:
+            self._sock.send(frame, zmq.NOBLOCK)
+        except zmq.Again:  # the peer went away between the poll and the send
+            raise TransportTimeout(f"control send of {type(msg).__name__}: peer gone") from None
 
     def recv(self, timeout_s: float) -> Message | None:
         """The next valid message, or None when none arrives within ``timeout_s`` seconds.

@@ -30,8 +30,9 @@ from msgspec import Meta
 from sglang_ssd.config import LIVE_FIELDS, SSDConfig, check_setting
 
 # 2: Configure/ConfigureAck carry LiveSettings; dropped DraftEntry.round_id and
-# SpeculatorTiming.idle_s (nobody read them).
-PROTOCOL_VERSION = 2
+# SpeculatorTiming.idle_s (nobody read them). 3: dropped Outcome.round_id (always 0) and
+# Close.reason (never read).
+PROTOCOL_VERSION = 3
 
 MAX_ID = 2**63 - 1
 MAX_TOKEN_ID = 2**31 - 1
@@ -157,14 +158,12 @@ class Close(_Message, tag="close"):
     """Target → speculator: forget request ``rid`` (finished, aborted or left the batch)."""
 
     rid: Rid
-    reason: Text = ""
 
 
 class Outcome(_Struct):
-    """Verify result of one request's round ``round_id``: k accepted draft tokens + the bonus."""
+    """Verify result of one request's last round: k accepted draft tokens + the bonus."""
 
     rid: Rid
-    round_id: Id
     accept_len: Annotated[int, Meta(ge=0, le=MAX_DEPTH)]
     bonus: TokenId
 

@@ -1,8 +1,8 @@
-"""Where the target's drafts come from: the `DraftSource` protocol and the target's own n-gram
+"""Where the target's drafts come from: the `DraftSupplier` protocol and the target's own n-gram
 drafts (`LocalNgramProvider`), used while the speculator is unavailable.
 
 The speculator process's drafts come through `speculator_client.SpeculatorClient`, which is a
-`DraftSource` too and adds the request lifecycle (prepare, outcomes, close, reset, shutdown).
+`DraftSupplier` too and adds the request lifecycle (prepare, outcomes, close, reset, shutdown).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def request_tokens(req: Any) -> list[int]:
     return list(req.origin_input_ids) + list(req.output_ids)
 
 
-class DraftSource(Protocol):
+class DraftSupplier(Protocol):
     def drafts(self, reqs: Sequence[Any]) -> DraftBatch:
         """Drafts for `reqs` (SGLang `Req`s, batch order)."""
         ...

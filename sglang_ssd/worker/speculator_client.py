@@ -39,7 +39,7 @@ from sglang_ssd.transport import (
     TransportError,
 )
 from sglang_ssd.worker.draft_batch import DraftBatch
-from sglang_ssd.worker.draft_provider import DraftSource, LocalNgramProvider, request_tokens
+from sglang_ssd.worker.draft_provider import DraftSupplier, LocalNgramProvider, request_tokens
 from sglang_ssd.worker.supervisor import SpeculatorProcess, Supervisor
 
 logger = logging.getLogger(__name__)
@@ -68,7 +68,7 @@ def default_policy(config: SSDConfig) -> FallbackPolicy:
 
 class SpeculatorClient:
     """The target's drafts from the speculator process (see the module docstring); a
-    `DraftSource` that falls back to `LocalNgramProvider` while the speculator is down.
+    `DraftSupplier` that falls back to `LocalNgramProvider` while the speculator is down.
 
     Raises (constructor): `TransportError` if the speculator does not start; `ValueError` on an
     impossible CPU placement.
@@ -79,7 +79,7 @@ class SpeculatorClient:
     ) -> None:
         self.config = config
         self.vocab_size = vocab_size
-        self.local: DraftSource = LocalNgramProvider(config.lookahead)
+        self.local: DraftSupplier = LocalNgramProvider(config.lookahead)
         self.policy = default_policy(config)
         self.opened: dict[str, int] = {}  # rid -> committed tokens the speculator holds
         self.pending: dict[str, tuple[int, int]] = {}  # rid -> (k, bonus) not yet reported
@@ -174,7 +174,7 @@ class SpeculatorClient:
                 del self.last_seen[rid]
                 self.pending.pop(rid, None)
                 if self.opened.pop(rid, None) is not None and self.link is not None:
-                    self.link.send(Close(rid=rid, reason="left the batch"))
+                    self.link.send(Close(rid=rid))
 
     def _remote_drafts(self, reqs: Sequence[Any]) -> DraftBatch:
         link = self.link
@@ -185,10 +185,10 @@ class SpeculatorClient:
             known = self.opened.get(req.rid)
             k, bonus = self.pending.pop(req.rid, (0, tokens[-1]))
             if known is not None and known + k + 1 == len(tokens) and tokens[-1] == bonus:
-                outcomes.append(Outcome(rid=req.rid, round_id=0, accept_len=k, bonus=bonus))
+                outcomes.append(Outcome(rid=req.rid, accept_len=k, bonus=bonus))
             elif known != len(tokens):
                 if known is not None:
-                    link.send(Close(rid=req.rid, reason="resync"))
+                    link.send(Close(rid=req.rid))
                 link.send(Open(rid=req.rid, token_ids=tokens, sampling=_sampling_spec(req)))
             self.opened[req.rid] = len(tokens)
         backup = "jit" if self.config.mode == "sync" else self.policy.choose(len(reqs)).value
@@ -287,7 +287,7 @@ class SpeculatorClient:
             self.last_seen.pop(rid, None)
             if self.opened.pop(rid, None) is not None and self._usable():
                 try:
-                    self.link.send(Close(rid=rid, reason="finished"))
+                    self.link.send(Close(rid=rid))
                 except TransportError as exc:
                     self._fault(f"close: {exc}")
 

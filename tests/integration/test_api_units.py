@@ -142,9 +142,12 @@ class FakeTimer:
 
 class FakeClient:
     def __init__(self) -> None:
+        from sglang_ssd.worker.speculator_client import default_policy
+
         self.config = SSDConfig()
         self.faults = 1
         self.restarts = 0
+        self.policy = default_policy(self.config)
 
     def configure(self, request: Configure) -> ConfigureAck | None:
         self.config = self.config.replace(**request.changes.given())
@@ -251,8 +254,7 @@ def test_admin_stats_and_errors() -> None:
 
 
 def test_admin_failures_are_replies() -> None:
-    worker = FakeWorker(provider=object())  # no speculator client to configure
-    assert _ask(worker, "configure", beta=0.5).status == 409
+    worker = FakeWorker()
     worker.timer = None  # stats cannot be read: a 500, and the bridge keeps serving
     got = decode_admin(admin.reply_frame(worker, encode_admin(AdminRequest(op="stats"))))
     assert got.status == 500 and "AttributeError" in got.error

@@ -30,10 +30,10 @@ EXAMPLES: list[m.Message] = [
     m.HelloAck(version=m.PROTOCOL_VERSION, accepted=False, reason="version mismatch"),
     m.Open(rid="a", token_ids=[1, 2, 151935], sampling=SAMPLING),
     m.Open(rid="g", token_ids=[], sampling=m.SamplingSpec(0.0, 1, 1.0, None)),
-    m.Close(rid="a", reason="finished"),
+    m.Close(rid="a"),
     m.Step(
         step_id=4,
-        outcomes=[m.Outcome(rid="a", round_id=2, accept_len=3, bonus=9)],
+        outcomes=[m.Outcome(rid="a", accept_len=3, bonus=9)],
         requests=["a", "b"],
         backup="ngram",
     ),

@@ -108,7 +108,7 @@ def test_two_process_rounds_with_full_vocabulary_q(children) -> None:
         assert (tokens[:4] == step_id).all() and (tokens[4:] == -1).all()
         for row in range(4):
             assert torch.all(q[row] == _fill(step_id, row))
-    target.send(m.Close(rid="a", reason="finished"))
+    target.send(m.Close(rid="a"))
     target.send_step(m.Step(step_id=6, outcomes=[], requests=["a"], backup="ngram"))
     assert target.recv_drafts(6, 20.0).q is None
     target.send(m.StatsRequest())

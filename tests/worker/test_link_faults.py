@@ -251,10 +251,10 @@ def test_stale_outcome_and_closed_requests_are_logged_not_fatal(client, caplog) 
     link = client.link
     sampling = SamplingSpec(temperature=0.0, top_k=1, top_p=1.0)
     link.send(Open(rid="x", token_ids=[1, 2, 3], sampling=sampling))
-    link.send(Close(rid="x", reason="aborted"))
+    link.send(Close(rid="x"))
     link.send(Close(rid="never-opened"))
     client.step_id += 1
-    outcome = Outcome(rid="x", round_id=0, accept_len=1, bonus=4)
+    outcome = Outcome(rid="x", accept_len=1, bonus=4)
     link.send_step(Step(step_id=client.step_id, outcomes=[outcome], requests=["x"], backup="jit"))
     got = link.recv_drafts(client.step_id, 10.0)
     assert [e.source for e in got.drafts.entries] == ["missing"]
