@@ -32,6 +32,7 @@ from eval.configs import Config
 from eval.harness import RunSettings, run_interleaved
 from eval.sampling import Sampling
 from eval.summary import format_table
+from sglang_ssd.config import parse_cpu_list
 from sglang_ssd.launch_server import flag_value
 
 RESULTS = Path("eval/results")
@@ -39,12 +40,10 @@ LOGS = Path("eval/logs")
 QUICK_PROMPTS, QUICK_TOKENS = 3, 32
 
 
-def _cpu_list(text: str) -> tuple[int, ...]:
-    cpus: set[int] = set()
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        cpus.update(range(int(lo), int(hi or lo) + 1))
-    return tuple(sorted(cpus))
+def _target_and_draft_cpus(a: argparse.Namespace) -> tuple[int, int]:
+    if len(a.cpus) != 2:
+        raise SystemExit(f"--cpus needs exactly two CPUs (target, draft), got {list(a.cpus)}")
+    return a.cpus[0], a.cpus[1]
 
 
 def _add_run_options(p: argparse.ArgumentParser) -> None:
@@ -153,10 +152,7 @@ def _run(
 
 
 def cmd_baseline(a: argparse.Namespace) -> int:
-    if a.target and a.draft:
-        target, draft = a.target, a.draft
-    else:
-        target, draft = presets.default_model_dirs()
+    target, draft = presets.model_dirs(a.target, a.draft)
     cpus = a.cpus if a.pinned else ()
     configs = presets.baseline(target, draft, lookahead=a.lookahead, pinned_cpus=cpus)
     name = "baseline-cpu-pinned" if a.pinned else "baseline-cpu"
@@ -165,24 +161,19 @@ def cmd_baseline(a: argparse.Namespace) -> int:
 
 
 def cmd_ssd(a: argparse.Namespace) -> int:
-    if len(a.cpus) != 2:
-        raise SystemExit(f"--cpus needs exactly two CPUs (target, draft), got {list(a.cpus)}")
-    if a.target and a.draft:
-        target, draft = a.target, a.draft
-    else:
-        target, draft = presets.default_model_dirs()
+    target_cpu, draft_cpu = _target_and_draft_cpus(a)
+    target, draft = presets.model_dirs(a.target, a.draft)
     arrangements = ssd_bench.ARRANGEMENTS if a.arrangement == "both" else (a.arrangement,)
     configs = ssd_bench.bench_configs(
         target,
         draft,
         arrangements,
         lookahead=a.lookahead,
-        target_cpu=a.cpus[0],
-        draft_cpu=a.cpus[1],
+        target_cpu=target_cpu,
+        draft_cpu=draft_cpu,
         ssd_extra=a.ssd_args.split(),
     )
-    temp = "greedy" if a.temperature == 0 else f"t{a.temperature:g}"
-    name = f"ssd-bench-{a.arrangement}-b{a.batch_size}-{temp}"
+    name = f"ssd-bench-{a.arrangement}-b{a.batch_size}-{Sampling.of(a.temperature).name}"
     results, out = _run(a, configs, a.tokenizer or Path(target), name)
     rows = ssd_bench.comparisons(results)
     results["ssd_comparisons"] = rows
@@ -218,7 +209,7 @@ def _add_experiment_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", type=Path, help="draft model folder (default: the pulled 0.5B)")
     p.add_argument("--tokenizer", type=Path, help="model folder for the chat template")
     p.add_argument(
-        "--cpus", type=_cpu_list, default=(0, 1), help="target CPU, draft CPU (default 0,1)"
+        "--cpus", type=parse_cpu_list, default=(0, 1), help="target CPU, draft CPU (default 0,1)"
     )
     p.add_argument("--lookahead", "--gamma", type=int, default=4, help="γ for every config")
     p.add_argument("--results-dir", type=Path, default=RESULTS)
@@ -227,14 +218,10 @@ def _add_experiment_options(p: argparse.ArgumentParser) -> None:
 
 
 def _plans(a: argparse.Namespace, kinds: Sequence[str], main: bool) -> list[sweep.Plan]:
-    if len(a.cpus) != 2:
-        raise SystemExit(f"--cpus needs exactly two CPUs (target, draft), got {list(a.cpus)}")
-    if a.target and a.draft:
-        target, draft = a.target, a.draft
-    else:
-        target, draft = presets.default_model_dirs()
+    target_cpu, draft_cpu = _target_and_draft_cpus(a)
+    target, draft = presets.model_dirs(a.target, a.draft)
     configs = sweep.base_configs(
-        target, draft, lookahead=a.lookahead, target_cpu=a.cpus[0], draft_cpu=a.cpus[1]
+        target, draft, lookahead=a.lookahead, target_cpu=target_cpu, draft_cpu=draft_cpu
     )
     prompts = sweep.prompt_source(a.tokenizer or Path(target))
     plans = [sweep.main_plan(list(configs.values()), prompts, quick=a.quick)] if main else []
@@ -299,7 +286,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="pin each server (target and draft) to --cpus with one thread per CPU",
     )
-    p.add_argument("--cpus", type=_cpu_list, default=(0,), help="CPUs for --pinned (default 0)")
+    p.add_argument(
+        "--cpus", type=parse_cpu_list, default=(0,), help="CPUs for --pinned (default 0)"
+    )
     p.add_argument("--lookahead", "--gamma", type=int, default=4, help="γ for STANDALONE")
     p.add_argument("--target", type=Path, help="target model folder (default: the pulled 1.5B)")
     p.add_argument("--draft", type=Path, help="draft model folder (default: the pulled 0.5B)")
@@ -309,7 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _add_run_options(p)
     p.add_argument("--arrangement", choices=(*ssd_bench.ARRANGEMENTS, "both"), default="both")
     p.add_argument(
-        "--cpus", type=_cpu_list, default=(0, 1), help="target CPU, draft CPU (default 0,1)"
+        "--cpus", type=parse_cpu_list, default=(0, 1), help="target CPU, draft CPU (default 0,1)"
     )
     p.add_argument("--lookahead", "--gamma", type=int, default=4, help="γ for every config")
     p.add_argument("--ssd-args", default="", help="extra --ssd-* flags for the SSD servers")

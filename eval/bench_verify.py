@@ -13,7 +13,7 @@ The mean nucleus width (tokens with p > 0) is reported per case.
 Writes eval/results/bench_verify.json with the machine's description. The machine may be shared:
 the load average before and after is recorded with the numbers.
 
-Usage: python eval/bench_verify.py [--threads 1,2] [--repeats R] [--out PATH]
+Usage: python -m eval.bench_verify [--threads 1,2] [--repeats R] [--out PATH]
 """
 
 from __future__ import annotations
@@ -21,13 +21,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
+from eval.provenance import cpu_summary
 from sglang_ssd.saguaro import SamplingBatch, apply_sampling, verify
 
 VOCAB = 151_936
@@ -79,24 +80,10 @@ def bench_case(batch: int, case: dict, repeats: int) -> dict:
     }
 
 
-def machine_info() -> dict:
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if "model name" in line)
-    except (OSError, StopIteration):
-        pass
-    return {
-        "cpu": cpu,
-        "logical_cpus": os.cpu_count(),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-    }
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m eval.bench_verify", description=__doc__.splitlines()[0]
+    )
     parser.add_argument(
         "--threads",
         default="1,2",
@@ -104,7 +91,7 @@ def main() -> None:
     )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", type=Path, default=Path("eval/results/bench_verify.json"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     load_before = os.getloadavg()
     rows = []
     for threads in [int(t) for t in args.threads.split(",")]:
@@ -129,7 +116,7 @@ def main() -> None:
         "results": rows,
         "note": "median and min of repeated calls after one warm-up; the 2-core machine may be "
         "shared (see the load averages), in which case min_ms is the least disturbed figure",
-        "machine": machine_info(),
+        "machine": cpu_summary(),
         "load_average_before": load_before,
         "load_average_after": os.getloadavg(),
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

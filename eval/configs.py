@@ -133,6 +133,14 @@ def default_model_dirs() -> tuple[Path, Path]:
     return model_path(TARGET_MODEL, pull=False), model_path(DRAFT_MODEL, pull=False)
 
 
+def model_dirs(target: Path | str | None, draft: Path | str | None) -> tuple[Path, Path]:
+    """The given target and draft folders, or the real pair's when either is not given
+    (`default_model_dirs`)."""
+    if target and draft:
+        return Path(target), Path(draft)
+    return default_model_dirs()
+
+
 def autoregressive(
     target: Path | str,
     *,

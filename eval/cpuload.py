@@ -5,44 +5,46 @@ cores that dominates the result (an OpenMP decode step with one of its two threa
 waits for it). Each batch therefore records the machine's busy CPU time, the measured server's
 own CPU time and the difference ("foreign" CPU: other processes, including our idle servers),
 and the harness can wait for a quiet machine before each unit. For a pinned server "the
-machine" is its CPUs only.
+machine" is its CPUs only. The waits for a quiet machine (a busy fraction of some CPUs, or a load
+average and free memory) live here too.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
-TICK = os.sysconf("SC_CLK_TCK")
+import psutil
+
+# CPU time that is not idle: /proc/stat's user, nice, system, irq, softirq and steal (guest time
+# is already inside user and nice).
+_BUSY_FIELDS = ("user", "nice", "system", "irq", "softirq", "steal")
 
 
 def machine_busy_s(cpus: Collection[int] | None = None) -> float:
-    """CPU seconds spent not idle since boot, summed over `cpus` (all CPUs when None)."""
-    total = 0
-    for line in Path("/proc/stat").read_text().splitlines():
-        name, *fields = line.split()
-        if cpus is None and name != "cpu":
-            continue
-        if cpus is not None and not (name[3:].isdigit() and int(name[3:]) in cpus):
-            continue
-        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
-        total += user + nice + system + irq + softirq + steal
-    return total / TICK
+    """CPU seconds spent not idle since boot, summed over `cpus` (all CPUs when None).
+
+    CPU ids index psutil's per-CPU list, which holds the online CPUs in id order.
+    """
+    if cpus is None:
+        rows = [psutil.cpu_times()]
+    else:
+        rows = [t for i, t in enumerate(psutil.cpu_times(percpu=True)) if i in cpus]
+    return sum(getattr(t, name) for t in rows for name in _BUSY_FIELDS)
 
 
 def process_cpu_s(pids: Iterable[int]) -> float:
     """User + system CPU seconds of `pids` (processes that are gone count as 0)."""
-    total = 0
+    total = 0.0
     for pid in pids:
         try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
+            times = psutil.Process(pid).cpu_times()
+        except psutil.Error:
             continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
-    return total / TICK
+        total += times.user + times.system
+    return total
 
 
 @dataclass
@@ -86,16 +88,51 @@ def busy_fraction(window_s: float = 1.0, cpus: Collection[int] | None = None) ->
     return (machine_busy_s(cpus) - start) / ((time.perf_counter() - t0) * count)
 
 
+def wait_while(busy: Callable[[], bool], max_wait_s: float, poll_s: float = 0.0) -> float:
+    """Call `busy` until it says False, sleeping `poll_s` between calls; returns the seconds
+    waited (at most about `max_wait_s`: after that the caller proceeds and records it)."""
+    start = time.monotonic()
+    while busy() and time.monotonic() - start < max_wait_s:
+        time.sleep(poll_s)
+    return time.monotonic() - start
+
+
 def wait_until_quiet(
     threshold: float,
     max_wait_s: float,
     window_s: float = 2.0,
     cpus: Collection[int] | None = None,
 ) -> float:
-    """Sleep until at most `threshold` of `cpus` (all when None) is busy; returns seconds waited
-    (at most about `max_wait_s`: after that the caller proceeds and the batch records it)."""
-    start = time.perf_counter()
-    while busy_fraction(window_s, cpus) > threshold:
-        if time.perf_counter() - start > max_wait_s:
-            break
-    return time.perf_counter() - start
+    """Sleep until at most `threshold` of `cpus` (all when None) is busy over a `window_s`
+    window; returns seconds waited (see `wait_while`)."""
+    return wait_while(lambda: busy_fraction(window_s, cpus) > threshold, max_wait_s)
+
+
+def wait_for_load(
+    limit: float,
+    max_wait_s: float,
+    min_free_gb: float = 0.0,
+    poll_s: float = 30.0,
+    on_wait: Callable[[float, float], None] | None = None,
+) -> dict[str, float]:
+    """Wait until the 1-minute load average is below `limit` and at least `min_free_gb` GiB of
+    memory are available (see `wait_while`); `on_wait(load, free_gb)` before each sleep.
+
+    Returns:
+        waited_s, and the loadavg_1m and available_gb it went ahead with.
+    """
+
+    def busy() -> bool:
+        load, free_gb = psutil.getloadavg()[0], psutil.virtual_memory().available / 2**30
+        if load < limit and free_gb >= min_free_gb:
+            return False
+        if on_wait is not None:
+            on_wait(load, free_gb)
+        return True
+
+    waited = wait_while(busy, max_wait_s, poll_s)
+    return {
+        "waited_s": waited,
+        "loadavg_1m": psutil.getloadavg()[0],
+        "available_gb": psutil.virtual_memory().available / 2**30,
+    }

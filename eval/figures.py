@@ -49,6 +49,12 @@ def load(path: Path) -> dict[str, Any] | None:
     return results if results.get("batches") else None
 
 
+def _results(results_dir: Path, stem: str, quick: bool) -> tuple[Path, dict[str, Any] | None]:
+    """An experiment's results file (`results_name`) and its contents (see `load`)."""
+    path = results_dir / f"{results_name(stem, quick)}.json"
+    return path, load(path)
+
+
 def summary_of(results: Mapping[str, Any]) -> dict[str, Any]:
     """Per-configuration summaries (recomputed for an unfinished run)."""
     return (results.get("summary") or summarize(results))["configs"]
@@ -256,8 +262,8 @@ def _skip(key: str, reason: str) -> None:
 
 def fig_datasets(results_dir: Path, out_dir: Path, quick: bool) -> Figure | None:
     """Grouped bars: tok/s of each configuration per prompt set."""
-    key, path = "tok_per_s_by_dataset", results_dir / f"{results_name('paper-main', quick)}.json"
-    results = load(path)
+    key = "tok_per_s_by_dataset"
+    path, results = _results(results_dir, "paper-main", quick)
     if results is None:
         return _skip(key, f"{path} missing")
     rows = dataset_rows(results)
@@ -352,8 +358,8 @@ def fig_pareto(results_dir: Path, out_dir: Path, quick: bool) -> Figure | None:
 
 def fig_beta(results_dir: Path, out_dir: Path, quick: bool) -> Figure | None:
     """Cache hit rate, acceptance and tok/s vs β (T = 0.7)."""
-    key, path = "beta_sweep", results_dir / f"{results_name('sweep-beta', quick)}.json"
-    results = load(path)
+    key = "beta_sweep"
+    path, results = _results(results_dir, "sweep-beta", quick)
     if results is None:
         return _skip(key, f"{path} missing")
     rows = beta_rows(results)
@@ -383,9 +389,8 @@ def fig_fanout(results_dir: Path, out_dir: Path, quick: bool) -> Figure | None:
     """Geometric vs uniform fan-out at equal budget: trace replay and the live sweep."""
     key = "fanout_geometric_vs_uniform"
     trace_path = results_dir / TRACE_REPLAY
-    live_path = results_dir / f"{results_name('sweep-fanout', quick)}.json"
+    live_path, live = _results(results_dir, "sweep-fanout", quick)
     depth, trace = trace_rows(trace_path)
-    live = load(live_path)
     if not trace and live is None:
         return _skip(key, f"neither {trace_path} nor {live_path}")
     panels = [p for p in (("trace", trace), ("live", live)) if p[1]]

@@ -21,15 +21,16 @@ import random
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import psutil
 import requests
 
-from eval.cpuload import CpuSample, cpu_delta
+from eval.cpuload import CpuSample, cpu_delta, wait_for_load
 from eval.provenance import git_info, machine_info
+from eval.sampling import Sampling
 from eval.servers import Server
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -107,10 +108,8 @@ def leak_counters(stats: dict[str, Any]) -> dict[str, float | None]:
 
 def settle(url: str, prompt: Sequence[int]) -> None:
     """One short greedy request: its decode rounds sweep requests that left unannounced."""
-    body = {
-        "input_ids": list(prompt),
-        "sampling_params": {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True},
-    }
+    sampling = Sampling(max_new_tokens=8, ignore_eos=True)
+    body = {"input_ids": list(prompt), "sampling_params": sampling.to_sglang()}
     requests.post(f"{url}/generate", json=body, timeout=600).raise_for_status()
 
 
@@ -146,16 +145,14 @@ def _client(url: str, shape: LoadShape, index: int, deadline: float, tally: Clie
     session = requests.Session()
     while time.monotonic() < deadline:
         tally.requests += 1
-        sampling: dict[str, Any] = {
-            "max_new_tokens": rng.randint(*shape.max_new_tokens),
-            "ignore_eos": True,
-        }
+        sampling = Sampling(max_new_tokens=rng.randint(*shape.max_new_tokens), ignore_eos=True)
         if rng.random() < shape.sampled_fraction:
-            sampling.update(temperature=0.7, top_p=0.95, sampling_seed=rng.randrange(2**31))
-        else:
-            sampling.update(temperature=0)
-        body = {"input_ids": list(rng.choice(shape.prompts)), "sampling_params": sampling}
-        body["stream"] = True
+            sampling = replace(sampling, temperature=0.7, top_p=0.95, seed=rng.randrange(2**31))
+        body = {
+            "input_ids": list(rng.choice(shape.prompts)),
+            "sampling_params": sampling.to_sglang(),
+            "stream": True,
+        }
         abort_after = rng.randint(1, 4) if tally.requests % shape.abort_every == 0 else None
         try:
             outcome, tokens = _one_request(session, url, body, abort_after)
@@ -279,24 +276,6 @@ def _real_prompts(n: int) -> list[list[int]]:
     return [list(p.input_ids) for p in prompts]
 
 
-def _wait_for_quiet(limit: float, min_free_gb: float, max_wait_s: float) -> dict[str, float]:
-    """Wait until the 1-minute load average is below `limit` and `min_free_gb` of memory are
-    available (at most `max_wait_s`; then it goes ahead and the result records the state)."""
-    start = time.monotonic()
-
-    def busy() -> bool:
-        free_gb = psutil.virtual_memory().available / 2**30
-        return psutil.getloadavg()[0] >= limit or free_gb < min_free_gb
-
-    while busy() and time.monotonic() - start < max_wait_s:
-        time.sleep(30)
-    return {
-        "waited_s": time.monotonic() - start,
-        "loadavg_1m": psutil.getloadavg()[0],
-        "available_gb": psutil.virtual_memory().available / 2**30,
-    }
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m eval.load", description=__doc__)
     parser.add_argument("--duration", type=float, default=180.0, help="seconds of load")
@@ -311,7 +290,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     prompts = _real_prompts(args.prompts)
-    quiet = _wait_for_quiet(args.max_load, args.min_free_gb, args.max_wait)
+    quiet = wait_for_load(args.max_load, args.max_wait, min_free_gb=args.min_free_gb)
     print("starting after", json.dumps(quiet), flush=True)
     log = RESULTS / "logs" / f"{args.out.stem}.log"
     started = time.time()

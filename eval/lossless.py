@@ -14,14 +14,15 @@ import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from eval.client import generate
-from eval.datasets import HUMANEVAL, MTBENCH, load_prompts, load_tokenizer
+from eval.client import RequestResult, generate
+from eval.datasets import HUMANEVAL, MTBENCH, Prompt, load_prompts, load_tokenizer
 from eval.provenance import git_info, machine_info, versions
 from eval.sampling import Sampling
 from eval.servers import Server
 from sglang_ssd.models import DRAFT_MODEL, TARGET_MODEL, model_path
-from sglang_ssd.testing.greedy import DEFAULT_MARGIN_EPS, check_greedy
+from sglang_ssd.testing.greedy import DEFAULT_MARGIN_EPS, Divergence, check_greedy
 
 
 def _serve_all(
@@ -34,6 +35,34 @@ def _serve_all(
     if errors:
         raise RuntimeError(f"{name}: {len(errors)} requests failed, first: {errors[0]}")
     return results, info
+
+
+def _rows(
+    prompts: Sequence[Prompt],
+    ar: Sequence[RequestResult],
+    ssd: Sequence[RequestResult],
+    divergences: Sequence[Divergence | None],
+) -> list[dict[str, Any]]:
+    """One row per prompt: identical or where it diverged (with the fp32 margin there)."""
+    rows = []
+    for p, r_ar, r_ssd, d in zip(prompts, ar, ssd, divergences, strict=True):
+        meta = r_ssd.meta_info
+        rows.append(
+            {
+                "dataset": p.record.dataset,
+                "id": p.record.id,
+                "tokens": len(r_ssd.output_ids),
+                "identical": d is None,
+                "divergence": None
+                if d is None
+                else {"index": d.index, "ar": d.expected, "ssd": d.got, "fp32_margin": d.margin},
+                "ssd_accept_length": meta.get("spec_accept_length"),
+                "ssd_cache_hit_rate": meta.get("ssd_cache_hit_rate"),
+                "ar_tok_per_s": r_ar.tok_per_s,
+                "ssd_tok_per_s": r_ssd.tok_per_s,
+            }
+        )
+    return rows
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -54,22 +83,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     logs = a.out.parent / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    ar, ar_info = _serve_all(
-        "ar",
-        ["--model-path", str(target), "--speculative-algorithm", "NONE"],
-        prompts,
-        sampling,
-        logs,
-    )
-    ssd_args = [
-        "--model-path",
-        str(target),
-        "--speculative-draft-model-path",
-        str(draft),
-        "--speculative-algorithm",
-        "SSD",
-        *a.ssd_args.split(),
-    ]
+    target_args = ["--model-path", str(target)]
+    ar_args = [*target_args, "--speculative-algorithm", "NONE"]
+    ar, ar_info = _serve_all("ar", ar_args, prompts, sampling, logs)
+    ssd_args = [*target_args, "--speculative-draft-model-path", str(draft),
+                "--speculative-algorithm", "SSD", *a.ssd_args.split()]  # fmt: skip
     ssd, ssd_info = _serve_all("ssd", ssd_args, prompts, sampling, logs)
 
     divergences, violations = check_greedy(
@@ -79,24 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         [r.output_ids for r in ssd],
         eps=a.eps,
     )
-    rows = []
-    for p, r_ar, r_ssd, d in zip(prompts, ar, ssd, divergences, strict=True):
-        meta = r_ssd.meta_info
-        rows.append(
-            {
-                "dataset": p.record.dataset,
-                "id": p.record.id,
-                "tokens": len(r_ssd.output_ids),
-                "identical": d is None,
-                "divergence": None
-                if d is None
-                else {"index": d.index, "ar": d.expected, "ssd": d.got, "fp32_margin": d.margin},
-                "ssd_accept_length": meta.get("spec_accept_length"),
-                "ssd_cache_hit_rate": meta.get("ssd_cache_hit_rate"),
-                "ar_tok_per_s": r_ar.tok_per_s,
-                "ssd_tok_per_s": r_ssd.tok_per_s,
-            }
-        )
+    rows = _rows(prompts, ar, ssd, divergences)
     report = {
         "kind": "lossless-greedy",
         "eps": a.eps,

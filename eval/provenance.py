@@ -1,14 +1,20 @@
-"""What a result was measured on: machine, software versions and git state."""
+"""What a result was measured on: machine, software versions, git state and model folders."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
+import json
 import os
 import platform
 import subprocess
 import sys
+import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 VERSIONED = ("torch", "sglang", "transformers", "tokenizers", "sglang-ssd", "sgl-kernel")
 
@@ -43,15 +49,8 @@ def _lscpu() -> dict[str, str]:
 
 
 def _meminfo() -> dict[str, int]:
-    out = {}
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key in ("MemTotal", "MemAvailable"):
-                out[key + "_kB"] = int(value.split()[0])
-    except OSError:
-        pass
-    return out
+    memory = psutil.virtual_memory()
+    return {"MemTotal_kB": memory.total // 1024, "MemAvailable_kB": memory.available // 1024}
 
 
 def versions() -> dict[str, str | None]:
@@ -78,6 +77,18 @@ def machine_info() -> dict[str, Any]:
     }
 
 
+def cpu_summary() -> dict[str, Any]:
+    """The short machine description of the micro-benchmarks: CPU model, logical CPUs, torch,
+    Python and OS."""
+    return {
+        "cpu": _lscpu().get("Model name") or platform.processor(),
+        "logical_cpus": os.cpu_count(),
+        "torch": versions()["torch"],
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+
+
 def git_info(repo: Path | None = None) -> dict[str, Any]:
     """HEAD commit, branch and whether the working tree differs from it."""
     repo = repo or Path(__file__).resolve().parent.parent
@@ -94,3 +105,26 @@ def git_info(repo: Path | None = None) -> dict[str, Any]:
 
 def loadavg() -> tuple[float, float, float]:
     return os.getloadavg()
+
+
+def model_info(path: Path) -> dict[str, Any]:
+    """Path, sha256 of config.json and the pull record (GGUF sha256) of a model folder."""
+    info: dict[str, Any] = {
+        "path": str(path),
+        "config_sha256": hashlib.sha256((path / "config.json").read_bytes()).hexdigest(),
+    }
+    pull = path / "sglang_ssd_pull.json"
+    if pull.is_file():
+        info["pull"] = json.loads(pull.read_text())
+    return info
+
+
+def run_header(module: str, argv: Sequence[str]) -> dict[str, Any]:
+    """What every offline tool's results file starts with: its command line, the date, the
+    machine and the git state."""
+    return {
+        "command": [sys.executable, "-m", module, *argv],
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": machine_info(),
+        "git": git_info(),
+    }

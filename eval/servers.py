@@ -20,12 +20,13 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import psutil
 import requests
 
 LAUNCHER = ("-m", "sglang_ssd.launch_server")
@@ -101,53 +102,53 @@ def _set_affinity(cpus: Sequence[int] | None) -> Callable[[], None] | None:
 
 
 def _group_pids(pgid: int) -> list[int]:
-    """Pids whose process group is `pgid` (from /proc; works without psutil)."""
+    """Live (not zombie) pids whose process group is `pgid`."""
     pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for proc in psutil.process_iter():
         try:
-            stat = (entry / "stat").read_text()
-        except OSError:
+            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                pids.append(proc.pid)
+        except (OSError, psutil.Error):  # gone meanwhile
             continue
-        # Field 5 (pgrp) comes after the parenthesised command name, which may hold spaces.
-        fields = stat.rsplit(")", 1)[1].split()
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            pids.append(int(entry.name))
     return sorted(pids)
 
 
 def _descendants(pid: int) -> list[int]:
     try:
-        import psutil
-
         return [p.pid for p in psutil.Process(pid).children(recursive=True)]
-    except Exception:  # psutil missing or the process is gone
+    except psutil.Error:  # the process is gone
         return []
 
 
 def _alive(pid: int) -> bool:
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
         return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def linux_cpu_list(cpus: Iterable[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2,5"``, the form of /proc's ``Cpus_allowed_list``."""
+    ranges: list[list[int]] = []
+    for cpu in sorted(set(cpus)):
+        if ranges and cpu == ranges[-1][1] + 1:
+            ranges[-1][1] = cpu
+        else:
+            ranges.append([cpu, cpu])
+    return ",".join(f"{lo}" if lo == hi else f"{lo}-{hi}" for lo, hi in ranges)
 
 
 def _affinity_of(pid: int) -> str | None:
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("Cpus_allowed_list:"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
+        return linux_cpu_list(psutil.Process(pid).cpu_affinity() or ())
+    except psutil.Error:
         return None
-    return None
 
 
 def _comm_of(pid: int) -> str:
     try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
+        return psutil.Process(pid).name()
+    except psutil.Error:
         return "?"
 
 

@@ -25,7 +25,6 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from tqdm import tqdm
@@ -247,12 +246,7 @@ class ServerPool:
     def __enter__(self) -> ServerPool:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         for _, server in self.running.values():
             server.terminate()  # all at once, then wait for each
         self._stack.close()

@@ -13,16 +13,11 @@ import itertools
 import torch
 from transformers import AutoModelForCausalLM
 
-from eval.bench_speculator import bench_draft, bench_target
-from eval.trace import (
-    HFTarget,
-    ReplayConfig,
-    Sampling,
-    format_replay_table,
-    record,
-    replay,
-    scripted_outcome,
-)
+from eval.bench_speculator.timing import bench_draft, bench_target
+from eval.sampling import Sampling
+from eval.trace.record import record
+from eval.trace.replay import ReplayConfig, format_replay_table, replay, scripted_outcome
+from eval.trace.target import HFTarget
 from sglang_ssd.config import SSDConfig
 from sglang_ssd.speculator.draft_model import DraftModel
 from sglang_ssd.speculator.engine import SpeculatorEngine

@@ -1,0 +1,29 @@
+"""Every command line of `eval` answers `--help` (its imports resolve and its parser builds)."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+EVAL_SUBCOMMANDS = ("baseline", "ssd", "run", "show", "sweep", "figures", "report", "all")
+# (module whose `main` parses the command line, the arguments after `python -m <package>`)
+COMMANDS = [
+    ("eval.__main__", ["--help"]),
+    *(("eval.__main__", [sub, "--help"]) for sub in EVAL_SUBCOMMANDS),
+    ("eval.trace.__main__", ["--help"]),
+    ("eval.trace.__main__", ["record", "--help"]),
+    ("eval.trace.__main__", ["replay", "--help"]),
+    ("eval.bench_speculator.__main__", ["--help"]),
+    ("eval.bench_verify", ["--help"]),
+    ("eval.lossless", ["--help"]),
+    ("eval.load", ["--help"]),
+]
+
+
+@pytest.mark.parametrize(("module", "argv"), COMMANDS, ids=lambda x: " ".join(x))
+def test_help(module: str, argv: list[str], capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as done:
+        importlib.import_module(module).main(argv)
+    assert done.value.code == 0
+    assert capsys.readouterr().out.startswith("usage: python -m ")
