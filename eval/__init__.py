@@ -2,13 +2,19 @@
 
 - `datasets`: HumanEval and MT-Bench prompts from their installed packages, chat-templated ids.
 - `servers`: start/stop `python -m sglang_ssd.launch_server` (free port, pinning, logs, no orphans).
+- `sampling`: `Sampling`, a request's sampling settings (server requests and offline verifies).
 - `client`: timed `/generate` requests with `input_ids` at a given concurrency.
-- `harness`: `Config` (a configuration as data) and `run_interleaved`.
-- `configs`: named configurations (AR, STANDALONE, ...) and a JSON loader.
-- `cpuload`, `provenance`: how busy the machine was; machine, versions and git state.
+- `configs`: `Config` (a configuration as data, read with the launcher's own flag defaults),
+  named configurations (AR, STANDALONE, ...) and a JSON loader.
+- `harness`: `run_interleaved` (what a run is, resuming); `interleave` runs its units.
+- `cpuload`, `provenance`: how busy the machine was and the waits for a quiet one; machine,
+  versions, git state and model folders.
 - `summary`: tok/s, accept length, ratios, output identity, the printed table.
+- `ssd_stats`, `ssd_bench`: SSD's counters around a batch and the speedup model; the SSD benchmark.
 - `sweep`: the paper's experiments as plans of runs; sweeps of SSD's live settings on one server.
 - `figures`, `report`: PNGs and the markdown report from the results files.
+- `trace` (record / replay), `bench_speculator`, `bench_verify`, `lossless`, `load`: offline and
+  single-purpose tools, each `python -m eval.<name>`.
 
 Run `python -m eval --help`.
 """

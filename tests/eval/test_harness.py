@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from eval import configs, cpuload, datasets, harness, interleave, servers, summary
+from eval import configs, cpuload, datasets, harness, interleave, provenance, servers, summary
 from eval.configs import Config
 from eval.sampling import Sampling
 from sglang_ssd import launch_server
@@ -105,6 +105,7 @@ def test_default_algorithm_and_lookahead_are_the_launchers() -> None:
     assert config.algorithm == launch_server.DEFAULT_ALGORITHM
     assert config.algorithm == flag_value(launched, "--speculative-algorithm")
     assert config.lookahead == int(flag_value(launched, "--speculative-num-steps") or -1)
+    assert config.ssd_mode == "async" and Config("s", ("--ssd-mode=sync",)).ssd_mode == "sync"
 
 
 def test_interleaved_order_alternates() -> None:
@@ -136,6 +137,32 @@ def test_cpu_accounting_sees_own_work() -> None:
     assert 0.0 <= cpuload.busy_fraction(0.2) <= 1.05
     assert 0.0 <= cpuload.busy_fraction(0.2, cpus=[0]) <= 1.05
     assert cpuload.machine_busy_s([0]) <= cpuload.machine_busy_s()
+
+
+def test_quiet_waits_return_at_once_on_a_quiet_machine() -> None:
+    assert cpuload.wait_while(lambda: False, max_wait_s=60) < 1.0
+    calls: list[float] = []
+    assert cpuload.wait_while(lambda: not calls.append(0.0), max_wait_s=0.0) < 1.0
+    assert len(calls) == 1  # past max_wait_s: one look, then go ahead
+    seen: list[tuple[float, float]] = []
+    quiet = cpuload.wait_for_load(1e9, 60, on_wait=lambda *x: seen.append(x))
+    assert set(quiet) == {"waited_s", "loadavg_1m", "available_gb"} and not seen
+    assert quiet["available_gb"] > 0
+
+
+def test_machine_descriptions() -> None:
+    assert set(provenance.cpu_summary()) == {"cpu", "logical_cpus", "torch", "python", "platform"}
+    memory = provenance.machine_info()["memory"]
+    assert set(memory) == {"MemTotal_kB", "MemAvailable_kB"}
+    assert 0 < memory["MemAvailable_kB"] <= memory["MemTotal_kB"]
+
+
+def test_process_descriptions() -> None:
+    assert servers.linux_cpu_list([5, 0, 1, 2, 7, 8]) == "0-2,5,7-8"
+    assert servers.linux_cpu_list([0]) == "0"
+    me = os.getpid()
+    assert servers._affinity_of(me) == servers.linux_cpu_list(os.sched_getaffinity(0))
+    assert servers._alive(me) and me in servers._group_pids(os.getpgid(0))
 
 
 def _fake_results() -> dict[str, Any]:

@@ -1,9 +1,8 @@
-"""eval.trace (record / replay) and eval.bench_speculator on tiny random models.
+"""eval.trace (record / replay) on tiny random models.
 
 The invariants: a greedy recorded output is the target's own greedy continuation (SSD is
 lossless); a replay forces the recorded output exactly and, with the recording's settings and
-batch shape, reproduces every recorded round; hit rates lie in [0, 1]; a build runs exactly
-1 + D draft forwards (glue + one per tree depth).
+batch shape, reproduces every recorded round; hit rates lie in [0, 1].
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ import itertools
 import torch
 from transformers import AutoModelForCausalLM
 
-from eval.bench_speculator.timing import bench_draft, bench_target
 from eval.sampling import Sampling
 from eval.trace.record import record
 from eval.trace.replay import ReplayConfig, format_replay_table, replay, scripted_outcome
@@ -90,27 +88,3 @@ def test_record_and_replay_sampled(tiny_target, tiny_draft):
     for r in results:
         assert 0.0 <= r["hit_rate"] <= 1.0
         assert r["outputs_reproduced"]
-
-
-def test_bench_workers_on_tiny_models(tiny_target, tiny_draft):
-    model = DraftModel.load(tiny_draft, dtype=torch.float32, num_slots=4096)
-    prefixes = [PROMPT * 3, PROMPT[::-1] * 3]
-    draft = bench_draft(
-        model, prefixes, budgets=(1, 4), depths=(1, 2), batches=(1, 2), repeats=2, lookahead=4
-    )
-    points = draft["builds"]
-    assert {(p["batch"], p["depth"], p["budget"]) for p in points} == {
-        (b, d, f) for b in (1, 2) for d in (1, 2) for f in (1, 4)
-    }
-    for p in points:
-        assert len(p["seconds"]) == 2 and all(s > 0 for s in p["seconds"])
-        assert p["forwards"] == [1 + p["depth"]] * 2
-        assert sum(p["fanout"]) == p["budget"]
-    assert {j["batch"] for j in draft["jit"]} == {1, 2}
-    assert all(j["forwards"] == [4] * 4 for j in draft["jit"])  # 2 repeats x 2 depths
-    assert model.kv_pool.num_used == 0
-
-    target = HFTarget(tiny_target, dtype=torch.float32)
-    verify = bench_target(target, prefixes, batches=(1, 2), lookahead=4, repeats=3)
-    assert {v["batch"] for v in verify} == {1, 2}
-    assert all(len(v["seconds"]) >= 3 for v in verify)
