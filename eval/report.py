@@ -14,8 +14,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from eval import figures
-from eval.figures import Figure, load
+from eval import figures, result_rows
+from eval.figures import Figure
+from eval.result_rows import load
 from eval.sweep import results_name
 
 EAGLE3_UNAVAILABLE = (
@@ -58,7 +59,7 @@ def _provenance(results: Mapping[str, Any]) -> str:
 def main_section(results: Mapping[str, Any] | None, name: str) -> str:
     if results is None:
         return f"## Main comparison\n\nNot run: `{name}` is missing (`python -m eval all`).\n"
-    rows = figures.main_rows(results)
+    rows = result_rows.main_rows(results)
     body = table(
         (
             "config",
@@ -82,7 +83,7 @@ def main_section(results: Mapping[str, Any] | None, name: str) -> str:
             for r in rows
         ],
     )
-    per_set = figures.dataset_rows(results)
+    per_set = result_rows.dataset_rows(results)
     sets = sorted({d for per in per_set.values() for d in per})
     by_set = table(
         ("config", *(f"{d} tok/s" for d in sets)),
@@ -97,7 +98,7 @@ def main_section(results: Mapping[str, Any] | None, name: str) -> str:
 
 
 def prediction_section(results_dir: Path, quick: bool) -> str:
-    rows = figures.prediction_rows(results_dir, quick)
+    rows = result_rows.prediction_rows(results_dir, quick)
     if not rows:
         return "## Speedup model vs measurement\n\nNo results with SSD counters yet.\n"
     body = table(
@@ -136,7 +137,7 @@ def beta_section(results: Mapping[str, Any] | None, name: str) -> str:
                 _num(r["acceptance_rate"]),
                 _num(r["tok_per_s"]),
             )
-            for r in figures.beta_rows(results)
+            for r in result_rows.beta_rows(results)
         ],
     )
     return f"## β sweep\n\n`{name}`: {_provenance(results)}.\n\n{body}\n"
@@ -144,7 +145,7 @@ def beta_section(results: Mapping[str, Any] | None, name: str) -> str:
 
 def fanout_section(results: Mapping[str, Any] | None, name: str, trace: Path) -> str:
     parts = ["## Fan-out: geometric vs uniform at equal budget\n"]
-    depth, replay = figures.trace_rows(trace)
+    depth, replay = result_rows.trace_rows(trace)
     if replay:
         parts.append(
             f"Trace replay (`{trace.name}`: recorded target outcomes replayed against each "
@@ -176,7 +177,7 @@ def fanout_section(results: Mapping[str, Any] | None, name: str, trace: Path) ->
                         _num(r["accept_length"]),
                         _num(r["tok_per_s"]),
                     )
-                    for r in figures.fanout_rows(results)
+                    for r in result_rows.fanout_rows(results)
                 ],
             )
             + "\n"
@@ -188,8 +189,8 @@ def backup_section(files: Mapping[int, Path]) -> str:
     loaded = {b: r for b, p in files.items() if (r := load(p)) is not None}
     if not loaded:
         return "## Cache-miss backup vs batch size\n\nNot run (`python -m eval sweep backup`).\n"
-    rows = figures.backup_rows(loaded)
-    known, b_star = figures.policy_b_star(rows)
+    rows = result_rows.backup_rows(loaded)
+    known, b_star = result_rows.policy_b_star(rows)
     verdict = (
         f"The miss policy (`--ssd-backup auto`) picks b* = {b_star} from its live estimates."
         if known and b_star is not None
@@ -241,9 +242,9 @@ def write_report(results_dir: Path, quick: bool, out: Path | None = None) -> Pat
         lambda: prediction_section(results_dir, quick),
         lambda: beta_section(data["sweep-beta"], names["sweep-beta"]),
         lambda: fanout_section(
-            data["sweep-fanout"], names["sweep-fanout"], results_dir / figures.TRACE_REPLAY
+            data["sweep-fanout"], names["sweep-fanout"], results_dir / result_rows.TRACE_REPLAY
         ),
-        lambda: backup_section(figures.backup_files(results_dir, quick)),
+        lambda: backup_section(result_rows.backup_files(results_dir, quick)),
         lambda: figures_section(drawn, out.parent),
     ]
     text = (
