@@ -12,7 +12,8 @@
 - `summary`: tok/s, accept length, ratios, output identity, the printed table.
 - `ssd_stats`, `ssd_bench`: SSD's counters around a batch and the speedup model; the SSD benchmark.
 - `sweep`: the paper's experiments as plans of runs; sweeps of SSD's live settings on one server.
-- `figures`, `report`: PNGs and the markdown report from the results files.
+- `result_rows`, `figures`, `report`: the rows read from results files, their PNGs, and the
+  markdown report with their tables.
 - `trace` (record / replay), `bench_speculator`, `bench_verify`, `lossless`, `load`: offline and
   single-purpose tools, each `python -m eval.<name>`.
 
