@@ -33,7 +33,12 @@ BackupChoice = Literal["jit", "ngram", "random", "auto"]
 MODES: tuple[str, ...] = get_args(Mode)
 FANOUT_SHAPES: tuple[str, ...] = get_args(FanoutShape)
 BACKUPS: tuple[str, ...] = get_args(BackupChoice)
-MAX_FANOUT_BUDGET = 2**24  # bounds what a live change can make the speculator allocate
+# Static ceilings on what a flag or a live change can make the speculator allocate; the live
+# bound of the fan-out budget (`fanout_budget_limit`) depends on the pool and is usually far lower.
+MAX_FANOUT_BUDGET = 2**16
+MAX_DRAFT_KV_TOKENS = 2**26
+# The speculator's pool when the target's capacity is unknown (a client started outside SGLang).
+DEFAULT_DRAFT_KV_TOKENS = 65536
 _DEVICE_RE = re.compile(r"^(cpu|cuda:\d+)$")
 _METADATA_KEY = "ssd_flag"
 
@@ -244,6 +249,18 @@ class SSDConfig:
             parse=float,
         ),
     )
+    draft_kv_tokens: int | None = field(
+        default=None,
+        metadata=flag(
+            "Speculator KV pool in tokens (default: the target's token budget plus, per running "
+            "request, γ + 1 + fan-out budget × tree depth). Requests that do not fit get backup "
+            "drafts.",
+            ok=lambda v: isinstance(v, int) and 1 <= v <= MAX_DRAFT_KV_TOKENS,
+            rule=f"must be an integer in 1..{MAX_DRAFT_KV_TOKENS}",
+            metavar="TOKENS",
+            parse=int,
+        ),
+    )
 
     def __post_init__(self) -> None:
         for name in FLAGS:
@@ -254,11 +271,57 @@ class SSDConfig:
             )
         if self.draft_cpus is not None and self.draft_device not in (None, "cpu"):
             raise SSDConfigError("--ssd-draft-cpus only applies with --ssd-draft-device cpu")
+        if self.draft_kv_tokens is not None and self.branch_slots > self.draft_kv_tokens:
+            raise SSDConfigError(
+                f"--ssd-fanout-budget × tree depth ({self.fanout_budget} × {self.depth}) must fit "
+                f"in --ssd-draft-kv-tokens ({self.draft_kv_tokens})"
+            )
 
     @property
     def depth(self) -> int:
         """D, the effective tree depth (γ when `tree_depth` is None)."""
         return self.lookahead if self.tree_depth is None else self.tree_depth
+
+    @property
+    def branch_slots(self) -> int:
+        """B × D: KV slots of one request's pre-speculated branches in one round."""
+        return self.fanout_budget * self.depth
+
+    def draft_kv_slots(self, capacity: TargetCapacity | None) -> int:
+        """The speculator's KV pool in tokens: `draft_kv_tokens` when given; else room for every
+        token the target's pool holds (each committed token is also in the draft's KV) plus, per
+        running request, its draft and root (γ + 1) and its branches (B × D); else (capacity
+        unknown) `DEFAULT_DRAFT_KV_TOKENS`. At most `MAX_DRAFT_KV_TOKENS`."""
+        if self.draft_kv_tokens is not None:
+            return self.draft_kv_tokens
+        if capacity is None:
+            return DEFAULT_DRAFT_KV_TOKENS
+        per_request = self.lookahead + 1 + self.branch_slots
+        slots = capacity.max_total_tokens + capacity.max_running_requests * per_request
+        return min(slots, MAX_DRAFT_KV_TOKENS)
+
+    def check_fanout_budget(self, budget: int, longest_request: int, vocab_size: int) -> None:
+        """Refuse a live fan-out budget above what this server's speculator can hold
+        (`fanout_budget_limit`, the pool being `draft_kv_tokens` as the target resolved it);
+        keeping or lowering the budget is always allowed.
+
+        Args:
+            budget: the B asked for. longest_request: tokens one request can commit.
+            vocab_size: V of the target's logits.
+
+        Raises:
+            SSDConfigError: naming --ssd-fanout-budget, the limit and the bound that sets it.
+        """
+        if budget <= self.fanout_budget:
+            return
+        limit, why = fanout_budget_limit(
+            self.draft_kv_slots(None), longest_request, self.lookahead, self.depth, vocab_size
+        )
+        if budget > limit:
+            raise SSDConfigError(
+                f"--ssd-fanout-budget must be at most {max(limit, self.fanout_budget)} on this "
+                f"server ({why}), got {budget}"
+            )
 
     def replace(self, **changes: Any) -> SSDConfig:
         """A validated copy with `changes` applied (used by the runtime admin endpoint)."""
@@ -294,6 +357,54 @@ class SSDConfig:
         """Build from the namespace `add_ssd_args` filled, with γ from SGLang's flags."""
         values = {name: getattr(ns, _dest(name)) for name, flag in FLAGS.items() if flag.cli}
         return cls(lookahead=lookahead, **values)
+
+
+@dataclass(frozen=True)
+class TargetCapacity:
+    """What the target serves at once, which sizes the speculator's KV pool.
+
+    Attributes:
+        max_total_tokens: tokens the target's KV pool holds (SGLang's max_total_num_tokens).
+        max_running_requests: requests the target decodes at once.
+        context_len: the longest request, prompt plus output, in tokens.
+    """
+
+    max_total_tokens: int
+    max_running_requests: int
+    context_len: int
+
+    @property
+    def longest_request(self) -> int:
+        """Tokens one request can commit: its context, bounded by the target's pool."""
+        return min(self.context_len, self.max_total_tokens)
+
+
+def fanout_budget_limit(
+    pool_slots: int, longest_request: int, lookahead: int, depth: int, vocab_size: int
+) -> tuple[int, str]:
+    """The largest fan-out budget B the speculator can hold while serving, and why.
+
+    Two bounds: one round has (γ + 1)(V − 1) outcomes (k = 0..γ accepted, any bonus but the
+    draft's own token), so a larger B cannot be spent; and the branches of one request of the
+    longest length, B × D slots, must fit in the pool beside its committed tokens and its draft
+    and root (γ + 1 slots), else no request could ever be pre-speculated.
+
+    Args:
+        pool_slots: the speculator's KV pool in tokens.
+        longest_request: tokens one request can commit (`TargetCapacity.longest_request`).
+        lookahead: γ. depth: D, the tree depth. vocab_size: V of the draft's logits.
+
+    Returns:
+        (the limit, ≥ 0; the bound that sets it, in words).
+    """
+    outcomes = (lookahead + 1) * max(vocab_size - 1, 0)
+    room = max(pool_slots - longest_request - lookahead - 1, 0) // max(depth, 1)
+    if outcomes <= room:
+        return outcomes, f"one round has (γ + 1)(V − 1) = {outcomes} outcomes"
+    return room, (
+        f"the speculator's KV pool ({pool_slots} tokens) holds a {longest_request}-token "
+        f"request, its draft and {room} branches of depth {depth}"
+    )
 
 
 def _declared() -> dict[str, Flag]:

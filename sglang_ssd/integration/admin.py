@@ -65,9 +65,19 @@ def settings(worker: Any) -> SSDConfig:
     return dataclasses.replace(config, tree_depth=config.depth)
 
 
-def stats(worker: Any) -> dict[str, Any]:
-    """Per-round averages on both sides, cache hit rate, backup rounds, faults and restarts, and
-    the miss policy's b* (`fallback`)."""
+def scheduler_load(scheduler: Any) -> dict[str, float]:
+    """The scheduler's requests now: decoding (`target_running`) and queued (`target_waiting`).
+    Read from the admin thread: each is one len() of a list the scheduler thread replaces."""
+    return {
+        "target_running": float(len(scheduler.running_batch.reqs)),
+        "target_waiting": float(len(scheduler.waiting_queue)),
+    }
+
+
+def stats(worker: Any, scheduler: Any = None) -> dict[str, Any]:
+    """Per-round averages on both sides, cache hit rate, backup rounds, faults and restarts, the
+    miss policy's b* (`fallback`), the speculator's and the client's counters (`speculator`)
+    and, given the `scheduler`, its running and waiting requests."""
     out: dict[str, Any] = _timer_summary(worker.timer)
     for prefix, key in (("source_", "rounds_by_source"), ("accepted_", "accepted_by_source")):
         grouped = {k[len(prefix) :]: v for k, v in out.items() if k.startswith(prefix)}
@@ -84,6 +94,8 @@ def stats(worker: Any) -> dict[str, Any]:
         if name in speculator:
             out[name] = speculator[name]
     out["speculator"] = speculator
+    if scheduler is not None:
+        out.update(scheduler_load(scheduler))
     try:
         out["fallback"] = fallback(worker.provider.policy)
     except Exception as exc:  # the scheduler thread may be updating it: keep the counters
@@ -127,13 +139,13 @@ def configure(worker: Any, changes: LiveSettings) -> AdminReply:
     in force.
 
     Raises:
-        AdminError: 400 for values `SSDConfig` refuses.
+        AdminError: 400 for values `SSDConfig` refuses and for more fan-out than the
+            speculator can hold (`SpeculatorClient.configure` checks before changing anything).
     """
     try:
-        _config(worker).replace(**changes.given())
+        ack = worker.provider.configure(Configure(changes=changes))
     except SSDConfigError as exc:
         raise AdminError(400, str(exc)) from None
-    ack = worker.provider.configure(Configure(changes=changes))
     logger.info("SSD: settings changed at run time: %s (speculator: %s)", changes, ack)
     return AdminReply(
         config=settings(worker),
@@ -142,8 +154,9 @@ def configure(worker: Any, changes: LiveSettings) -> AdminReply:
     )
 
 
-def handle(worker: Any, frame: bytes) -> AdminReply:
-    """Answer one encoded `AdminRequest` for `worker`; failures become the reply's status."""
+def handle(worker: Any, frame: bytes, scheduler: Any = None) -> AdminReply:
+    """Answer one encoded `AdminRequest` for `worker` (and its `scheduler`, whose load the stats
+    report); failures become the reply's status."""
     try:
         try:
             request = decode_admin(frame)
@@ -155,7 +168,7 @@ def handle(worker: Any, frame: bytes) -> AdminReply:
             return AdminReply(config=settings(worker))
         if request.op == "configure":
             return configure(worker, request.changes)
-        return AdminReply(stats=stats(worker))
+        return AdminReply(stats=stats(worker, scheduler))
     except AdminError as exc:
         return AdminReply(status=exc.status, error=str(exc))
     except Exception as exc:  # report, keep serving
@@ -163,9 +176,9 @@ def handle(worker: Any, frame: bytes) -> AdminReply:
         return AdminReply(status=500, error=f"{type(exc).__name__}: {exc}"[:4096])
 
 
-def reply_frame(worker: Any, frame: bytes) -> bytes:
+def reply_frame(worker: Any, frame: bytes, scheduler: Any = None) -> bytes:
     """`handle`, encoded: a reply that cannot be encoded is answered as a 500."""
-    reply = handle(worker, frame)
+    reply = handle(worker, frame, scheduler)
     try:
         return encode_admin(reply)
     except (TypeError, ValueError) as exc:
@@ -174,11 +187,13 @@ def reply_frame(worker: Any, frame: bytes) -> bytes:
 
 
 class AdminServer:
-    """Serves `handle` for one SSD worker on a ZMQ REP socket in a daemon thread."""
+    """Serves `handle` for one SSD worker (and its scheduler) on a ZMQ REP socket in a daemon
+    thread."""
 
-    def __init__(self, worker: Any, address: str) -> None:
+    def __init__(self, worker: Any, address: str, scheduler: Any = None) -> None:
         self.worker = worker
         self.address = address
+        self.scheduler = scheduler
         self.thread = threading.Thread(target=self._serve, name="ssd-admin", daemon=True)
 
     def start(self) -> AdminServer:
@@ -200,12 +215,12 @@ class AdminServer:
         atexit.register(lambda: os.path.exists(path) and os.unlink(path))
         logger.info("SSD admin endpoint bridge listening on %s", self.address)
         while True:
-            socket.send(reply_frame(self.worker, socket.recv()))
+            socket.send(reply_frame(self.worker, socket.recv(), self.scheduler))
 
 
-def start_admin_server(worker: Any, port_args: Any) -> AdminServer:
-    """Bind the admin socket for `worker` (call once, in the scheduler process)."""
-    return AdminServer(worker, admin_address(port_args)).start()
+def start_admin_server(worker: Any, port_args: Any, scheduler: Any = None) -> AdminServer:
+    """Bind the admin socket for `worker` of `scheduler` (call once, in the scheduler process)."""
+    return AdminServer(worker, admin_address(port_args), scheduler).start()
 
 
 # ------------------------------------------------------------------ HTTP side

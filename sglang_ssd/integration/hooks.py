@@ -101,7 +101,7 @@ def _start_admin_server(result: Any, scheduler: Any, *args: Any, **kwargs: Any) 
     worker = getattr(scheduler, "draft_worker", None)
     port_args = kwargs.get("port_args", args[1] if len(args) > 1 else None)
     if isinstance(worker, SSDWorker) and port_args is not None:
-        scheduler.ssd_admin_server = admin.start_admin_server(worker, port_args)
+        scheduler.ssd_admin_server = admin.start_admin_server(worker, port_args, scheduler)
 
 
 def install() -> None:

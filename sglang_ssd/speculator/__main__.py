@@ -27,7 +27,6 @@ from sglang_ssd.transport import LinkAddress, SpeculatorLink, TransportError
 
 logger = logging.getLogger("sglang_ssd.speculator")
 
-DEFAULT_KV_SLOTS = 65536
 PARENT_POLL_S = 0.5
 EXIT_LINK_REFUSED = 3
 
@@ -59,7 +58,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", help="cpu or cuda:N")
     parser.add_argument("--cpus", default=None, help="CPU list to pin to (CPU device)")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    parser.add_argument("--kv-slots", type=int, default=DEFAULT_KV_SLOTS)
+    parser.add_argument(
+        "--kv-slots",
+        type=int,
+        default=None,
+        help="KV pool in tokens (default: the config's draft_kv_tokens, which the target sizes)",
+    )
     parser.add_argument("--parent-pid", type=int, default=os.getppid())
     parser.add_argument("--connect-timeout", type=float, default=60.0)
     args = parser.parse_args(argv)
@@ -73,11 +77,16 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.set_device(torch.device(args.device))
     elif args.cpus:
         pin_process(parse_cpu_list(args.cpus))
+    kv_slots = args.kv_slots or config.draft_kv_slots(None)
     model = DraftModel.load(
         args.model_path,
         device=args.device,
         dtype=getattr(torch, args.dtype),
-        num_slots=args.kv_slots,
+        num_slots=kv_slots,
+    )
+    pool = model.kv_pool
+    logger.info(
+        "speculator KV pool: %d tokens (%.1f MiB)", kv_slots, kv_slots * pool.bytes_per_slot / 2**20
     )
     engine = SpeculatorEngine(model, config)
     try:

@@ -9,6 +9,12 @@ One round for a batch of requests (DESIGN.md §1, paper §4):
 3. `build` (async mode only, after the drafts were sent): pre-speculate the next round
    (`prespeculation`: glue, fork, tree decode, populate the speculation cache).
 Each `serve` and `build` call computes the round's fan-out plan once (`fanout_plan`).
+
+The KV pool never overflows (`admission`): a request whose draft does not fit gets a point-mass
+backup, one whose branches do not fit is not pre-speculated (its cache misses), both counted in
+`stats()`. Prefill is fed in chunks of at most `prefill_chunk_tokens` (`advance_prefill` between
+rounds, and at most one chunk inside `serve`), so a long prompt never holds up a round: a request
+whose prefill is not done gets a point-mass backup draft.
 """
 
 from __future__ import annotations
@@ -22,14 +28,18 @@ import torch
 
 from sglang_ssd.config import SSDConfig
 from sglang_ssd.saguaro import NgramSpeculator, RandomSpeculator, SpeculationCache
+from sglang_ssd.speculator.admission import admit, prefill_plan
 from sglang_ssd.speculator.draft_model import DraftModel
 from sglang_ssd.speculator.drafting import pad_rows, sample_drafts
 from sglang_ssd.speculator.fanout_plan import FanoutPlan, LiveFanout
-from sglang_ssd.speculator.packing import Segment, causal_segment, pack
+from sglang_ssd.speculator.feeding import feed_committed, feed_tokens
 from sglang_ssd.speculator.prespeculation import prespeculate
 from sglang_ssd.speculator.state import Draft, RequestState
 
 logger = logging.getLogger(__name__)
+
+# Prefill tokens fed per chunk: a round waits for at most one chunk of someone's prefill.
+PREFILL_CHUNK_TOKENS = 256
 
 
 @dataclass
@@ -62,6 +72,13 @@ class SpeculatorEngine:
         )
         self.random = RandomSpeculator(self.vocab_size, self._new_generator())
         self.live = LiveFanout(config.lookahead)
+        self.prefill_chunk_tokens = PREFILL_CHUNK_TOKENS
+        # Rounds degraded because the KV pool was full: drafts served by a point-mass backup
+        # (the pool held neither the jit draft nor the rest of the prefill), builds skipped.
+        self.kv_exhausted_drafts = 0
+        self.kv_exhausted_builds = 0
+        # Drafts served by a backup because the request's prefill was still being chunked in.
+        self.prefill_backup_drafts = 0
 
     # ---------------------------------------------------------------- lifecycle
     def _new_generator(self, seed: int | None = None) -> torch.Generator:
@@ -77,11 +94,16 @@ class SpeculatorEngine:
         top_k: int,
         top_p: float,
         seed: int | None = None,
+        prefill: bool = True,
+        first_round: bool = False,
     ) -> None:
-        """Start tracking a request and prefill its tokens except the last (the root).
+        """Start tracking a request whose tokens except the last (the root) are to be prefilled.
 
-        Re-opening a known rid replaces it. Raises ValueError on an empty token list or a token
-        outside the vocabulary.
+        With `prefill` they are fed now, as far as the KV pool allows; without (the server),
+        chunk by chunk by `advance_prefill` and `serve`. With `first_round`, the round after
+        prefill is pre-speculated once the prefill is done by `advance_prefill`, unless an
+        outcome arrives first. Re-opening a known rid replaces it. Raises ValueError on an empty
+        token list or a token outside the vocabulary.
         """
         tokens = [int(t) for t in token_ids]
         if not tokens or min(tokens) < 0 or max(tokens) >= self.vocab_size:
@@ -94,9 +116,11 @@ class SpeculatorEngine:
             top_k=int(top_k),
             top_p=float(top_p),
             generator=self._new_generator(seed),
+            first_round=first_round,
         )
         self.requests[rid] = state
-        self._feed_causal([state], upto_root=True)
+        if prefill:
+            self._prefill([state], state.backlog)
 
     def close(self, rid: str) -> bool:
         """Forget a request and free its KV slots and cache entries. False if unknown."""
@@ -113,12 +137,20 @@ class SpeculatorEngine:
 
     def stats(self) -> dict[str, float]:
         """The engine's counters for `/ssd/stats`: the speculation cache's (`cache_*`), KV slots
-        in use, open requests, cached entries and the live hit-model exponent r."""
+        in use and in all, open requests and those still prefilling, cached entries, the live
+        hit-model exponent r, and the rounds the KV pool or a pending prefill degraded
+        (`kv_exhausted` = drafts + builds)."""
         out = {f"cache_{k}": float(v) for k, v in self.cache.stats.items()}
         out["kv_slots_used"] = float(self.num_used_slots())
+        out["kv_slots_total"] = float(self.model.kv_pool.num_slots)
         out["open_requests"] = float(len(self.requests))
+        out["prefilling_requests"] = float(sum(s.backlog > 0 for s in self.requests.values()))
         out["cache_entries"] = float(self.cache.num_entries)
         out["hit_exponent"] = self.hit_exponent
+        out["kv_exhausted"] = float(self.kv_exhausted_drafts + self.kv_exhausted_builds)
+        out["kv_exhausted_drafts"] = float(self.kv_exhausted_drafts)
+        out["kv_exhausted_builds"] = float(self.kv_exhausted_builds)
+        out["prefill_backup_drafts"] = float(self.prefill_backup_drafts)
         return out
 
     # ---------------------------------------------------------------- outcomes
@@ -151,6 +183,7 @@ class SpeculatorEngine:
         drafted = draft.tokens[:k] if draft is not None else []
         n_old = len(state.committed)
         state.committed = state.committed + drafted + [bonus]
+        state.first_round = False
         keep = min(state.num_fed, n_old + k)
         self.model.kv_pool.free(state.slots[keep:])
         state.slots = state.slots[:keep]
@@ -194,6 +227,10 @@ class SpeculatorEngine:
     def serve(self, rids: Sequence[str], backup: str, depth: int) -> list[Draft | None]:
         """The draft of each request: its cache hit, else the backup (`jit`, `ngram`, `random`).
 
+        Requests still prefilling get at most one chunk of prefill first; those whose prefill is
+        still not done, and those whose jit draft the KV pool cannot hold, get an n-gram draft
+        (or the point-mass backup the target chose).
+
         Args:
             rids: requests that need a draft for this round, in batch order.
             backup: the fallback the target chose for this batch (Theorem 17).
@@ -210,12 +247,36 @@ class SpeculatorEngine:
                 self._unfeed_root(s)  # its glue fed the root, which a backup draft starts from
         need = [s for s in states if s is not None and s.draft is None]
         if need:
+            self._prefill(need, self.prefill_chunk_tokens)
+            ready = [s for s in need if s.backlog == 0]
+            for s in need:
+                if s.backlog:
+                    self._degrade(s, backup, depth, pool_full=self._pool_free() < s.backlog)
             if backup == "jit":
-                self._jit(need, depth, self.plan(), saguaro=self.config.mode == "async")
+                # A jit draft feeds the unfed committed tokens (the root) and d_1 .. d_{D-1}.
+                needs = [len(s.committed) - s.num_fed + depth - 1 for s in ready]
+                fits = admit(needs, self._pool_free())
+                for s, ok in zip(ready, fits, strict=True):
+                    if not ok:
+                        self._degrade(s, backup, depth, pool_full=True)
+                jit = [s for s, ok in zip(ready, fits, strict=True) if ok]
+                if jit:
+                    self._jit(jit, depth, self.plan(), saguaro=self.config.mode == "async")
             else:
-                for s in need:
+                for s in ready:
                     self._point_mass(s, backup, depth)
         return [None if s is None else s.draft for s in states]
+
+    def _pool_free(self) -> int:
+        return self.model.kv_pool.num_free
+
+    def _degrade(self, state: RequestState, backup: str, depth: int, pool_full: bool) -> None:
+        """A point-mass draft for a request the model cannot draft this round (counted)."""
+        self._point_mass(state, "ngram" if backup == "jit" else backup, depth)
+        if pool_full:
+            self.kv_exhausted_drafts += 1
+        else:
+            self.prefill_backup_drafts += 1
 
     def _point_mass(self, state: RequestState, backup: str, depth: int) -> None:
         proposer = self.ngram if backup == "ngram" else self.random
@@ -232,9 +293,11 @@ class SpeculatorEngine:
         cands: list[list[torch.Tensor]] = [[] for _ in states]
         for j in range(depth):
             if j == 0:
-                logits = self._feed_causal(states, upto_root=False)
+                logits = feed_committed(
+                    self.model, states, [len(s.committed) - s.num_fed for s in states]
+                )
             else:
-                logits = self._feed_tokens(states, [t[-1] for t in tokens])
+                logits = feed_tokens(self.model, states, [t[-1] for t in tokens])
             sample = sample_drafts(logits, states, [top_m[j]] * len(states), beta, num_cand)
             for i in range(len(states)):
                 tokens[i].append(int(sample.tokens[i]))
@@ -248,57 +311,29 @@ class SpeculatorEngine:
                 source="jit",
             )
 
-    # ---------------------------------------------------------------- forwards
-    def _feed_causal(self, states: list[RequestState], upto_root: bool) -> torch.Tensor:
-        """Feed each state's unfed committed tokens (all but the root if `upto_root`).
+    # ---------------------------------------------------------------- prefill
+    def _prefill(self, states: Sequence[RequestState], budget: int) -> list[RequestState]:
+        """Feed at most `budget` tokens (and what the pool holds) of the states' backlogs, first
+        come first served, in one forward; returns the states whose prefill this completed."""
+        pending = [s for s in states if s.backlog > 0]
+        if not pending:
+            return []
+        counts = prefill_plan([s.backlog for s in pending], budget, self._pool_free())
+        feed_committed(self.model, pending, counts)
+        return [s for s, n in zip(pending, counts, strict=True) if n and s.backlog == 0]
 
-        Returns the logits [S, V] at the last fed token of each of the S states that had
-        tokens to feed, in order (with `upto_root=False` that is every state).
-        """
-        segments: list[Segment] = []
-        fed: list[RequestState] = []
-        for s in states:
-            end = len(s.committed) - 1 if upto_root else len(s.committed)
-            todo = torch.tensor(s.committed[s.num_fed : end], dtype=torch.int64)
-            if todo.numel() == 0:
-                continue
-            slots = self.model.kv_pool.alloc(todo.numel())
-            segments.append(causal_segment(s.slots, todo, s.num_fed, slots))
-            fed.append(s)
-        if not segments:
-            return torch.empty(0, self.vocab_size)
-        packed = pack(segments, self.model.device)
-        last = torch.tensor(
-            [
-                o + seg.tokens.numel() - 1
-                for o, seg in zip(packed.query_offsets, segments, strict=True)
-            ]
-        )
-        logits = self.model.forward(
-            packed.input_ids,
-            packed.positions,
-            packed.out_slots,
-            packed.layout,
-            logits_rows=last,
-        )
-        for s, seg in zip(fed, segments, strict=True):
-            s.slots = torch.cat([s.slots, seg.out_slots])
-        return logits
+    def prefill_pending(self) -> bool:
+        """Whether `advance_prefill` can make progress now (a backlog, and free KV slots)."""
+        return self._pool_free() > 0 and any(s.backlog for s in self.requests.values())
 
-    def _feed_tokens(self, states: list[RequestState], tokens: list[int]) -> torch.Tensor:
-        """Feed one token per state after its fed prefix; returns logits [len(states), V]."""
-        slots = self.model.kv_pool.alloc(len(states))
-        segments = [
-            causal_segment(s.slots, torch.tensor([t]), s.num_fed, slots[i : i + 1])
-            for i, (s, t) in enumerate(zip(states, tokens, strict=True))
-        ]
-        packed = pack(segments, self.model.device)
-        logits = self.model.forward(
-            packed.input_ids, packed.positions, packed.out_slots, packed.layout
-        )
-        for s, seg in zip(states, segments, strict=True):
-            s.slots = torch.cat([s.slots, seg.out_slots])
-        return logits
+    def advance_prefill(self) -> None:
+        """Feed one chunk of pending prefill (at most `prefill_chunk_tokens`, oldest request
+        first); requests opened with `first_round` whose prefill this completes get their first
+        round pre-speculated."""
+        done = self._prefill(list(self.requests.values()), self.prefill_chunk_tokens)
+        first = [s.rid for s in done if s.first_round and s.draft is None]
+        if first:
+            self.prespeculate_first_rounds(first)
 
     # ---------------------------------------------------------------- pre-speculation
     def plan(self) -> FanoutPlan:
@@ -322,18 +357,38 @@ class SpeculatorEngine:
         """Pre-speculate the round after prefill: the target has not sampled the first token
         yet, so the outstanding "draft" is empty and every branch forks at k = 0 from the
         draft's top candidates for that token (the first Step's outcome is (0, t_1))."""
-        state = self.requests.get(rid)
-        if state is None or state.draft is not None:
-            return
-        state.draft = Draft(tokens=[], q=None, candidates=None, source="prefill")
-        self.build([rid])
+        self.prespeculate_first_rounds([rid])
+
+    def prespeculate_first_rounds(self, rids: Sequence[str]) -> None:
+        """`prespeculate_first_round` for several prefilled requests in one build."""
+        todo = []
+        for rid in rids:
+            state = self.requests.get(rid)
+            if state is None or state.draft is not None or state.backlog:
+                continue
+            state.first_round = False
+            state.draft = Draft(tokens=[], q=None, candidates=None, source="prefill")
+            todo.append(rid)
+        if todo:
+            self.build(todo)
 
     def build(self, rids: Sequence[str]) -> None:
-        """Pre-speculate the next round for `rids` (glue, fork, tree decode, populate)."""
+        """Pre-speculate the next round for `rids` (glue, fork, tree decode, populate).
+
+        Requests still prefilling are skipped, and so (counted) are those whose glue and
+        branches the KV pool cannot hold: their next round misses the cache.
+        """
         states = [s for r in rids if (s := self.requests.get(r)) is not None and s.draft]
-        states = [s for s in states if s.branches is None]
+        states = [s for s in states if s.branches is None and s.backlog == 0]
         if not states or self.config.fanout_budget == 0:
             return
-        prespeculate(
-            self.model, self.cache, states, self.plan(), self.config.beta, self.config.depth
-        )
+        plan = self.plan()
+        needs = [
+            len(s.sequence) - s.num_fed + sum(plan.fanout(s.draft.depth)) * self.config.depth
+            for s in states
+        ]
+        fits = admit(needs, self._pool_free())
+        self.kv_exhausted_builds += fits.count(False)
+        states = [s for s, ok in zip(states, fits, strict=True) if ok]
+        if states:
+            prespeculate(self.model, self.cache, states, plan, self.config.beta, self.config.depth)

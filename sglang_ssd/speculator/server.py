@@ -2,7 +2,9 @@
 
 A Step is answered at once (cache lookups and the target's chosen backup for misses); in async
 mode the speculator then builds the next round's speculation cache while the target verifies
-(DESIGN.md §2). Bad input from the link is logged and answered, never fatal.
+(DESIGN.md §2). An Open only registers the request: its prefill is fed in chunks while no
+message waits (`SpeculatorEngine.advance_prefill`), and a Step never waits for more than one
+chunk of it. Bad input from the link is logged and answered, never fatal.
 """
 
 from __future__ import annotations
@@ -59,9 +61,12 @@ class SpeculatorServer:
         """Loop until Shutdown, a lost parent, or a transport failure (which ends the process:
         the target restarts a fresh speculator)."""
         while True:
-            msg = self.link.recv(IDLE_POLL_S)
+            prefilling = self.engine.prefill_pending()
+            msg = self.link.recv(0.0 if prefilling else IDLE_POLL_S)
             if msg is None:
-                if os.getppid() != self.parent_pid:
+                if prefilling:
+                    self._advance_prefill()
+                elif os.getppid() != self.parent_pid:
                     logger.warning("SSD speculator: parent %d is gone; exiting", self.parent_pid)
                     return
                 continue
@@ -80,14 +85,32 @@ class SpeculatorServer:
                     logger.error("SSD speculator: link failed (%s); exiting", send_exc)
                     return
 
+    def _advance_prefill(self) -> None:
+        """One chunk of pending prefill; a failure drops the requests it was feeding (their
+        next Step finds them missing, and the target re-opens them) instead of ending the loop."""
+        try:
+            self.engine.advance_prefill()
+        except Exception:
+            logger.exception("SSD speculator: prefill failed; dropping the prefilling requests")
+            for rid, state in list(self.engine.requests.items()):
+                if state.backlog or state.first_round:
+                    self.engine.close(rid)
+
     def _dispatch(self, msg: object) -> None:
         if isinstance(msg, Step):
             self._step(msg)
         elif isinstance(msg, Open):
             s = msg.sampling
-            self.engine.open(msg.rid, msg.token_ids, s.temperature, s.top_k, s.top_p, s.seed)
-            if msg.prespeculate and self.engine.config.mode == "async":
-                self.engine.prespeculate_first_round(msg.rid)
+            self.engine.open(
+                msg.rid,
+                msg.token_ids,
+                s.temperature,
+                s.top_k,
+                s.top_p,
+                s.seed,
+                prefill=False,
+                first_round=msg.prespeculate and self.engine.config.mode == "async",
+            )
         elif isinstance(msg, Close):
             self.engine.close(msg.rid)
         elif isinstance(msg, Configure):

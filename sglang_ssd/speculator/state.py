@@ -1,9 +1,10 @@
 """Per-request state held by the speculator.
 
 Invariant: `slots[i]` holds the draft model's K/V of `sequence[i]` for i < `num_fed`, where
-`sequence = committed + draft`. After an outcome is applied every committed token except the
-last one (the root, i.e. the newest bonus token) is fed; a cache hit also brings the fed slots
-of the branch's own tokens.
+`sequence = committed + draft`. Once a request's prefill is done, after an outcome is applied
+every committed token except the last one (the root, i.e. the newest bonus token) is fed; a cache
+hit also brings the fed slots of the branch's own tokens. Until then (a prefill fed in chunks, or
+held up by a full KV pool) only a prefix is fed: `backlog` tokens before the root are not.
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ class RequestState:
         slots: int64 [num_fed], KV slots of the fed prefix of `committed + draft.tokens`.
         draft: the outstanding draft, if any.
         branches: this round's pre-speculated branches, if built.
+        first_round: pre-speculate the round after prefill once the prefill is done (set at
+            open, cleared by the first outcome).
     """
 
     rid: str
@@ -74,10 +77,16 @@ class RequestState:
     slots: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.int64))
     draft: Draft | None = None
     branches: Branches | None = None
+    first_round: bool = False
 
     @property
     def num_fed(self) -> int:
         return int(self.slots.numel())
+
+    @property
+    def backlog(self) -> int:
+        """Committed tokens before the root that are not fed yet (0 once prefilled)."""
+        return max(len(self.committed) - 1 - self.num_fed, 0)
 
     @property
     def is_greedy(self) -> bool:

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from sglang_ssd.config import SSDConfig
+from sglang_ssd.config import SSDConfig, TargetCapacity
 from sglang_ssd.placement import place
 from sglang_ssd.saguaro import Backup, BackupStats, FallbackPolicy
 from sglang_ssd.transport import (
@@ -70,14 +70,29 @@ class SpeculatorClient:
     """The target's drafts from the speculator process (see the module docstring); a
     `DraftSupplier` that falls back to `LocalNgramProvider` while the speculator is down.
 
+    The speculator's KV pool is sized from `capacity`, the target's (`SSDConfig.draft_kv_slots`,
+    unless `--ssd-draft-kv-tokens` is given); `config.draft_kv_tokens` holds the size chosen.
+
     Raises (constructor): `TransportError` if the speculator does not start; `ValueError` on an
     impossible CPU placement.
     """
 
     def __init__(
-        self, config: SSDConfig, draft_model_path: str, target_device: str, vocab_size: int
+        self,
+        config: SSDConfig,
+        draft_model_path: str,
+        target_device: str,
+        vocab_size: int,
+        capacity: TargetCapacity | None = None,
     ) -> None:
-        self.config = config
+        self.capacity = capacity
+        self.config = config.replace(draft_kv_tokens=config.draft_kv_slots(capacity))
+        logger.info(
+            "SSD: speculator KV pool of %d tokens (%s; target: %s)",
+            self.config.draft_kv_tokens,
+            "--ssd-draft-kv-tokens" if config.draft_kv_tokens else "sized from the target",
+            capacity,
+        )
         self.vocab_size = vocab_size
         self.local: DraftSupplier = LocalNgramProvider(config.lookahead)
         self.policy = default_policy(config)
@@ -306,10 +321,14 @@ class SpeculatorClient:
             applied the changes alone, and a restarted speculator starts from `self.config`.
 
         Raises:
-            SSDConfigError: a change `SSDConfig` refuses (then nothing changes).
+            SSDConfigError: a change `SSDConfig` refuses, or a fan-out budget above what the
+                speculator's KV pool and one round's outcomes can hold (then nothing changes).
         """
         changes = request.changes.given()
         with self._lock:
+            if "fanout_budget" in changes:
+                longest = self.capacity.longest_request if self.capacity is not None else 0
+                self.config.check_fanout_budget(changes["fanout_budget"], longest, self.vocab_size)
             self.config = self.config.replace(**changes)
             if "backup" in changes:
                 self.policy.mode = (
@@ -325,7 +344,10 @@ class SpeculatorClient:
                 return None
 
     def stats(self) -> dict[str, float]:
-        """The speculator's counters plus the client's fault/restart counts."""
+        """The speculator's counters (its open requests, KV slots used and total, rounds the
+        pool degraded: `kv_exhausted`, ...) plus the client's: faults, restarts, the requests it
+        tracks (`target_opened`, `target_pending`, `target_tracked`) and the pool size it chose
+        (`draft_kv_tokens`)."""
         out: dict[str, float] = {}
         with self._lock:
             if self._usable():
@@ -348,6 +370,7 @@ class SpeculatorClient:
                 target_opened=len(self.opened),
                 target_pending=len(self.pending),
                 target_tracked=len(self.last_seen),
+                draft_kv_tokens=float(self.config.draft_kv_tokens or 0),
             )
             if self.process is not None:
                 out["speculator_pid"] = float(self.process.pid)

@@ -26,7 +26,7 @@ from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.ngram_info import NgramVerifyInput
 from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcache
 
-from sglang_ssd.config import SSDConfig
+from sglang_ssd.config import SSDConfig, TargetCapacity
 from sglang_ssd.saguaro import SamplingBatch
 from sglang_ssd.worker.draft_batch import DraftBatch
 from sglang_ssd.worker.metrics import RoundTimer, count_request_rounds
@@ -80,12 +80,10 @@ class SSDWorker(BaseSpecWorker):
         self.config = config
         seed = server_args.random_seed if server_args.random_seed is not None else 0
         self.generator = torch.Generator(device=self.device).manual_seed(seed + 7919)
-        self.provider = SpeculatorClient(
-            config,
-            draft_model_path=spec.speculative_draft_model_path,
-            target_device=str(self.device),
-            vocab_size=self.model_runner.model_config.vocab_size,
-        )
+        self.draft_model_path = spec.speculative_draft_model_path
+        # Started by `alloc_memory_pool`, once the target's capacity (which sizes the
+        # speculator's KV pool) is known.
+        self.provider: SpeculatorClient
         self.timer = RoundTimer()
 
     # ------------------------------------------------------------ SGLang plumbing
@@ -94,8 +92,21 @@ class SSDWorker(BaseSpecWorker):
         return None
 
     def alloc_memory_pool(self, **kwargs: Any) -> None:
+        """Share the target's pools, then start the speculator sized from the target's."""
         self.req_to_token_pool, self.token_to_kv_pool_allocator = (
             self._target_worker.get_memory_pool()
+        )
+        runner = self.model_runner
+        self.provider = SpeculatorClient(
+            self.config,
+            draft_model_path=self.draft_model_path,
+            target_device=str(self.device),
+            vocab_size=runner.model_config.vocab_size,
+            capacity=TargetCapacity(
+                max_total_tokens=int(runner.max_total_num_tokens),
+                max_running_requests=int(runner.max_running_requests),
+                context_len=int(runner.model_config.context_len),
+            ),
         )
 
     def clear_cache_pool(self) -> None:

@@ -1,0 +1,74 @@
+"""Causal forwards that extend requests' fed prefixes: committed tokens, or one token each.
+
+Each call is one batched `DraftModel.forward` over all the given requests, writing the new
+tokens' K/V into freshly allocated pool slots and appending those slots to each request's
+`slots` (the invariant of `state.RequestState`). The caller checks the pool can hold them
+(`admission`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sglang_ssd.speculator.draft_model import DraftModel
+from sglang_ssd.speculator.packing import Segment, causal_segment, pack
+from sglang_ssd.speculator.state import RequestState
+
+
+def feed_committed(
+    model: DraftModel, states: list[RequestState], counts: list[int]
+) -> torch.Tensor:
+    """Feed the next `counts[i]` unfed committed tokens of each state (in one forward).
+
+    Returns:
+        float32 [S, V], the logits at the last fed token of each of the S states with a count
+        > 0, in order (empty [0, V] when there is nothing to feed).
+
+    Raises:
+        KVPoolExhausted: when the pool cannot hold the tokens (nothing is fed then).
+    """
+    fed: list[RequestState] = []
+    todos: list[torch.Tensor] = []
+    for s, n in zip(states, counts, strict=True):
+        todo = torch.tensor(s.committed[s.num_fed : s.num_fed + n], dtype=torch.int64)
+        if todo.numel():
+            fed.append(s)
+            todos.append(todo)
+    if not fed:
+        return torch.empty(0, model.vocab_size)
+    # One allocation for all, so that a pool that cannot hold them is left untouched.
+    slots = model.kv_pool.alloc(sum(int(t.numel()) for t in todos))
+    built: list[Segment] = []
+    offset = 0
+    for s, todo in zip(fed, todos, strict=True):
+        n = int(todo.numel())
+        built.append(causal_segment(s.slots, todo, s.num_fed, slots[offset : offset + n]))
+        offset += n
+    packed = pack(built, model.device)
+    last = torch.tensor(
+        [o + seg.tokens.numel() - 1 for o, seg in zip(packed.query_offsets, built, strict=True)]
+    )
+    logits = model.forward(
+        packed.input_ids, packed.positions, packed.out_slots, packed.layout, logits_rows=last
+    )
+    for s, seg in zip(fed, built, strict=True):
+        s.slots = torch.cat([s.slots, seg.out_slots])
+    return logits
+
+
+def feed_tokens(model: DraftModel, states: list[RequestState], tokens: list[int]) -> torch.Tensor:
+    """Feed one token per state after its fed prefix; returns logits float32 [len(states), V].
+
+    Raises:
+        KVPoolExhausted: when the pool cannot hold them (nothing is fed then).
+    """
+    slots = model.kv_pool.alloc(len(states))
+    segments = [
+        causal_segment(s.slots, torch.tensor([t]), s.num_fed, slots[i : i + 1])
+        for i, (s, t) in enumerate(zip(states, tokens, strict=True))
+    ]
+    packed = pack(segments, model.device)
+    logits = model.forward(packed.input_ids, packed.positions, packed.out_slots, packed.layout)
+    for s, seg in zip(states, segments, strict=True):
+        s.slots = torch.cat([s.slots, seg.out_slots])
+    return logits
