@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang_ssd.saguaro import SamplingBatch, VerifyResult, verify
+from sglang_ssd.saguaro import SamplingBatch, VerifyResult, apply_sampling, verify
 
 pytestmark = pytest.mark.gpu
 
@@ -59,6 +59,35 @@ def test_sampled_cuda_matches_cpu_distribution(cuda: torch.device, record_proper
     z = ((a - b).abs() / sigma).max().item()
     assert z <= SIGMAS, f"accept_len histograms differ by {z:.1f} sigma: {a} vs {b}"
     record_property("detail", f"accept_len CPU {a.tolist()} vs CUDA within {z:.2f} sigma")
+
+
+def test_mixed_batch_stays_on_device_and_p_matches_cpu(cuda: torch.device, record_property) -> None:
+    """Greedy and top-p rows in one batch at the real vocabulary: the result stays on CUDA, its
+    greedy rows equal the CPU's, and `apply_sampling` (p) agrees with the CPU's."""
+    gen = torch.Generator().manual_seed(0)
+    batch, depth, vocab = 64, 4, 151_936
+    logits = torch.randn(batch, depth + 1, vocab, generator=gen)
+    q = torch.softmax(torch.randn(batch, depth, vocab, generator=gen), dim=-1)
+    drafts = torch.multinomial(q.reshape(-1, vocab), 1, generator=gen).view(batch, depth)
+    sampling = SamplingBatch.from_lists([0.0] * 32 + [0.8] * 32, top_p=[1.0] * 32 + [0.95] * 32)
+    cpu = verify(logits, drafts, q, sampling)
+    on_cuda = verify(
+        logits.to(cuda),
+        drafts.to(cuda),
+        q.to(cuda),
+        sampling.to(cuda),
+        None,
+        torch.Generator(device=cuda).manual_seed(0),
+    )
+    assert on_cuda.emitted.device.type == "cuda"
+    assert torch.equal(on_cuda.emitted[:32].cpu(), cpu.emitted[:32])
+    torch.testing.assert_close(
+        apply_sampling(logits.to(cuda), sampling.to(cuda)).cpu(),
+        apply_sampling(logits, sampling),
+        atol=1e-6,
+        rtol=1e-4,
+    )
+    record_property("detail", f"{batch} rows (32 greedy, 32 top-p) x V={vocab}: greedy equal")
 
 
 def _sampled_case(batch_per_case: int, seed: int):

@@ -196,20 +196,3 @@ def test_invalid_inputs_raise_value_error(case: str) -> None:
     args.update(bad)
     with pytest.raises(ValueError):
         verify(**args)
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_matches_cpu_greedy_and_stays_on_device() -> None:
-    target_logits, tokens, q = _inputs(64, 4, 151_936)
-    sampling = SamplingBatch.from_lists([0.0] * 32 + [0.8] * 32, top_p=[1.0] * 32 + [0.95] * 32)
-    cpu = verify(target_logits, tokens, q, sampling)
-    gpu_gen = torch.Generator(device="cuda").manual_seed(0)
-    gpu = verify(target_logits.cuda(), tokens.cuda(), q.cuda(), sampling.to("cuda"), None, gpu_gen)
-    assert gpu.emitted.device.type == "cuda"
-    assert torch.equal(gpu.emitted[:32].cpu(), cpu.emitted[:32])
-    torch.testing.assert_close(
-        apply_sampling(target_logits.cuda(), sampling).cpu(),
-        apply_sampling(target_logits, sampling),
-        atol=1e-6,
-        rtol=1e-4,
-    )
