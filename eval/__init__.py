@@ -14,8 +14,9 @@
 - `sweep`: the paper's experiments as plans of runs; sweeps of SSD's live settings on one server.
 - `result_rows`, `figures`, `report`: the rows read from results files, their PNGs, and the
   markdown report with their tables.
-- `trace` (record / replay), `bench_speculator`, `bench_verify`, `lossless`, `load`: offline and
-  single-purpose tools, each `python -m eval.<name>`.
+- `trace` (record / replay), `bench_speculator`, `bench_verify`, `lossless`, `load`,
+  `distribution` (the T > 0 distribution check: power / run): offline and single-purpose tools,
+  each `python -m eval.<name>`.
 
 Run `python -m eval --help`.
 """

@@ -18,6 +18,9 @@ COMMANDS = [
     ("eval.bench_verify", ["--help"]),
     ("eval.lossless", ["--help"]),
     ("eval.load", ["--help"]),
+    ("eval.distribution.__main__", ["--help"]),
+    ("eval.distribution.__main__", ["power", "--help"]),
+    ("eval.distribution.__main__", ["run", "--help"]),
 ]
 
 

@@ -1,6 +1,7 @@
 """SSD at T = 0.7 samples exactly the target's distribution: a server-level chi-square test.
 
-Setup (`tiny_distribution.py` has the details and the numbers):
+Setup (`eval.distribution` has the details: `tiny_pair`, `reference`, `statistic`, `power`,
+`draws`):
 - A tiny float32 Qwen2 target whose next-token laws put most mass on a handful of tokens, and a
   draft made of its embedding and first layer with a flatter logit scale: Σ min(p, q) ≈ 0.5, so
   drafts are rejected about half the time.
@@ -9,9 +10,9 @@ Setup (`tiny_distribution.py` has the details and the numbers):
   endpoint is missing): the defaults (β = 1, backup "auto", which picks the n-gram backup at
   these batch sizes: point-mass drafts), backup "jit" (every draft sampled from q), and
   β = 0.5 with "jit" (Saguaro sampling: q is the down-weighted σ). One server at a time: an
-  idle SGLang CPU scheduler busy-polls a core. 2048 samples per prompt and configuration, from
-  batched `/generate` requests (`input_ids`, two prompts interleaved, T = 0.7, default
-  top-k/top-p, `ignore_eos`).
+  idle SGLang CPU scheduler busy-polls a core. `SAMPLES_PER_PROMPT` samples per prompt and
+  configuration, from batched `/generate` requests (`input_ids`, two prompts interleaved,
+  T = 0.7, default top-k/top-p, `ignore_eos`).
 - The reference is exact: the joint law of the first four generated tokens, enumerated with
   transformers in float32 (softmax in float64) over every continuation, a prefix below
   probability 1e-6 kept as one cell.
@@ -21,142 +22,88 @@ They are one whole SSD round when both drafts are accepted (d_1, d_2, then the b
 position γ + 1), and otherwise hold a rejection's residual bonus (k = 0 or 1) followed by a
 second round after the KV rollback, drafted from the speculation cache or the backup. So the
 joint of tokens 1–4 covers every verify outcome and the hand-off between rounds; tokens 2–3
-under γ = 4 would never show an all-accepted bonus (it lands at token 6). Observed in one run
-(4096 requests per setting; rounds by accepted drafts k = 0/1/2; cache hit rate over all rounds
-and, in brackets, over the rounds after a request's first, which is always a backup round):
+under γ = 4 would never show an all-accepted bonus (it lands at token 6). Observed at 2048
+samples per prompt (4096 requests per setting; rounds by accepted drafts k = 0/1/2; cache hit
+rate over all rounds, first rounds included, which now start from a pre-speculated cache):
 
-    setting          rounds  k = 0 / 1 / 2         accept length  cache hits   χ² p-value
-    defaults (ngram) 7147    2976 / 825 / 3346     2.05           0.24 (0.57)  0.54
-    jit              6806    2272 / 1462 / 3072    2.12           0.23 (0.58)  0.83
-    β = 0.5, jit     7422    3040 / 1875 / 2507    1.93           0.30 (0.66)  0.27
-    autoregressive                                                             0.48
+    setting          rounds  k = 0 / 1 / 2         accept length  cache hits
+    defaults (ngram) 6729    2564 / 761 / 3404     2.13           0.56
+    jit              6825    2312 / 1394 / 3119    2.12           0.58
+    β = 0.5, jit     7468    3095 / 1894 / 2479    1.92           0.62
 
 Statistic: Pearson's χ² over each prompt's cells, merged in increasing order of probability
 until every group expects ≥ 5 samples (a rule fixed by the reference before any data), summed
-over the two prompts (df = 43 + 39), rejected at α = 0.001.
+over the two prompts, rejected at α = 0.001.
 
-Power, by simulation (`python tests/integration/tiny_distribution.py 4 1024 2048 4096`): the
-smallest total variation over the 4-token joint that the test rejects with ≥ 90% probability,
-for mixtures (1 − ε)·p + ε·a in four directions a:
+Size. `SAMPLES_PER_PROMPT` is `SSD_DISTRIBUTION_SAMPLES` (default 2048, what CI runs). The full
+size, 18944, resolves TV 0.03 at 90% power in the hardest direction; it runs as
+`python -m eval.distribution run` (same pair, servers, statistic and controls), which writes
+eval/results/distribution-full.json. CI cannot afford it: measured here at load 7–9 on the
+2 shared cores, sampling takes 11.5 s per 1000 samples on the AR server and 21–42 s on SSD
+(β = 0.5 slowest), so 2048 per prompt is ~6.5 min of sampling plus ~2 min of server start-up,
+and 18944 would add about an hour (~10 min on a quiet machine), far over CI's budget.
 
-    samples/prompt  hardest  toward the mode  bonus from p  q at T=1 in verify
-    1024            0.093    0.075            0.055         0.042
-    2048 (here)     0.070    0.058            0.040         0.030
-    4096            0.053    0.043            0.030         0.023
+Power, by simulation (`python -m eval.distribution power 2048 18944 --find`, seeded, 10,000 runs
+per point): for mixtures (1 − ε)·p + ε·a in four directions a, the smallest total variation
+over the 4-token joint rejected with ≥ 90% probability, and the probability of rejecting a
+bias of TV 0.03:
 
+    samples/prompt  df         hardest  toward the mode  bonus from p  q at T=1 in verify
+    TV resolved at 90% power
+    2048 (CI)       43 + 39    0.070    0.058            0.040         0.031
+    18944 (full)    147 + 128  0.030    0.024            0.016         0.013
+    power at TV 0.03
+    2048 (CI)                  0.011    0.052            0.463         0.875
+    18944 (full)               0.910    0.999            1.000         1.000
+
+(TV 0.03 at 90% needs 18944, 10752, 4608 and 2560 samples per prompt in these directions.)
 "hardest" scales the likelier half of the mass up and the rest down in proportion, the
 direction of least χ² noncentrality per unit of TV (see `half_law`): so, to the usual
-noncentral-χ² approximation, at 2048 samples per prompt any bias that moves ≥ 0.07 of
-probability between merged groups is caught with ≥ 90% probability. A bias
-confined to one pool of merged tail cells is invisible (those pools hold 6.6% and 4.6% of the
-mass). "toward the mode" is a skew to the most likely sequence (the direction of the reference
-code's argmax-matching bug); "bonus from p" draws the bonus from p instead of the residual; "q
-at T=1" verifies with the draft's q at T = 1 though it sampled at T = 0.7. As whole verifiers
-the last two are far beyond the threshold (TV 0.26–0.43, always rejected); applied to one
-token in five, "q at T=1" (TV 0.05 / 0.07) is rejected with probability 0.9995.
-`test_statistic_rejects_broken_verifiers` runs these through the same statistic without a
-server, and checks that exact speculative sampling passes.
+noncentral-χ² approximation, any bias that moves at least that TV of probability between
+merged groups is caught with ≥ 90% probability. A bias confined to one pool of merged tail
+cells is invisible (those pools hold 6.6% and 4.6% of the mass at 2048, 2.4% and 2.2% at
+18944). "toward the mode" is a skew to the most likely sequence (the direction of the
+reference code's argmax-matching bug); "bonus from p" draws the bonus from p instead of the
+residual; "q at T=1" verifies with the draft's q at T = 1 though it sampled at T = 0.7. As
+whole verifiers the last two are far beyond the threshold (TV 0.26–0.43, always rejected);
+applied to one token in five, "q at T=1" (TV 0.05 / 0.07) is rejected with probability 1.000
+at either size. `test_statistic_rejects_broken_verifiers` runs these through the same statistic
+at `SAMPLES_PER_PROMPT` without a server, and checks that exact speculative sampling passes.
 
 Each server check has a 0.1% chance of a false alarm (samples depend on batch timing, so runs
 differ). The same check against the autoregressive server guards the reference: if both fail
-alike, the reference is wrong, not SSD. About 2.5 minutes on 2 cores shared with other jobs
-(load 4–5), over half of it server start-up and shut-down.
+alike, the reference is wrong, not SSD.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import os
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
-import requests
 import torch
-from tiny_distribution import (
-    BROKEN,
-    PROMPTS,
-    TEMPERATURE,
-    Cells,
-    build_pair,
-    chi_square,
-    enumerate_cells,
-    load,
-    model_conditionals,
-    speculative_samples,
-    total_variation,
+
+from eval.distribution.draws import CONFIGS, NEW_TOKENS, SSD_CONFIGS, Draws, draw_ar, draw_ssd
+from eval.distribution.power import (
+    CI_SAMPLES,
+    FULL_SAMPLES,
+    POWER,
+    TARGET_TV,
+    directions,
+    power_at_tv,
 )
+from eval.distribution.reference import Cells
+from eval.distribution.run import draws_chi_square, negative_control
+from eval.distribution.tiny_pair import BROKEN, PROMPTS, TEMPERATURE, Pair, prepare_pair
 
-from eval.servers import Server
-
-LOOKAHEAD = 2
-NEW_TOKENS = LOOKAHEAD + 2
-SAMPLES_PER_PROMPT = 2048
-REQUESTS_PER_POST = 512
-STARTUP_TIMEOUT_S = 900.0
-# SSD settings sampled on one server, changed live through `POST /ssd/config` (or, without the
-# admin endpoint, one server each). "auto" picks the n-gram backup at these batch sizes.
-SSD_CONFIGS: dict[str, dict[str, Any]] = {
-    "ssd": {"beta": 1.0, "backup": "auto"},
-    "ssd_jit": {"beta": 1.0, "backup": "jit"},
-    "ssd_beta_0.5": {"beta": 0.5, "backup": "jit"},
-}
-CONFIGS = ["ar", *SSD_CONFIGS]
-
-
-@dataclass
-class Pair:
-    target_dir: Path
-    draft_dir: Path
-    target: torch.nn.Module
-    draft: torch.nn.Module
-    cells: list[Cells]
-
-
-@dataclass
-class Draws:
-    """What one configuration produced: per prompt the sampled continuations, and round stats."""
-
-    samples: list[list[tuple[int, ...]]]
-    metas: list[dict[str, Any]] = field(default_factory=list)
-
-    def summary(self) -> dict[str, Any]:
-        """Verify rounds, accepted-draft histogram (k = 0..γ), accept length (bonus included),
-        cache hit rates and backup rounds by kind (the last two from SSD's `meta_info`)."""
-        rounds = sum(m.get("spec_verify_ct", 0) for m in self.metas)
-        hist = np.zeros(LOOKAHEAD + 1, dtype=np.int64)
-        for m in self.metas:
-            h = m.get("spec_correct_drafts_histogram") or []
-            hist[: len(h)] += np.asarray(h[: LOOKAHEAD + 1], dtype=np.int64)
-        out: dict[str, Any] = {"requests": len(self.metas), "rounds": rounds}
-        if hist.sum():
-            out["accept_hist"] = hist.tolist()
-            out["accept_length"] = round(1 + float(np.arange(LOOKAHEAD + 1) @ hist / hist.sum()), 3)
-        ssd_rounds = sum(m.get("ssd_rounds", 0) for m in self.metas)
-        if ssd_rounds:
-            hits = sum(m["ssd_cache_hit_rate"] * m["ssd_rounds"] for m in self.metas)
-            out["cache_hit_rate"] = round(hits / ssd_rounds, 3)
-            # Every request's first round is a backup round (no cache exists for it yet).
-            later = ssd_rounds - len(self.metas)
-            if later > 0:
-                out["later_rounds_hit_rate"] = round(hits / later, 3)
-            backups: dict[str, int] = {}
-            for m in self.metas:
-                for kind, count in (m.get("ssd_backup_rounds") or {}).items():
-                    if count:
-                        backups[kind] = backups.get(kind, 0) + count
-            out["backup_rounds"] = backups
-        return out
+SAMPLES_PER_PROMPT = int(os.environ.get("SSD_DISTRIBUTION_SAMPLES", CI_SAMPLES))
 
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> Pair:
     """The tiny pair on disk and the exact reference cells of each prompt."""
-    target_dir, draft_dir = build_pair(tmp_path_factory.mktemp("ssd-distribution"))
-    target, draft = load(target_dir), load(draft_dir)
-    conditionals = model_conditionals(target, draft)
-    cells = [enumerate_cells(conditionals, prompt, NEW_TOKENS) for prompt in PROMPTS]
-    return Pair(target_dir, draft_dir, target, draft, cells)
+    return prepare_pair(tmp_path_factory.mktemp("ssd-distribution"), NEW_TOKENS)
 
 
 @pytest.fixture(scope="module")
@@ -164,85 +111,18 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("ssd-distribution-logs")
 
 
-def _server(name: str, pair: Pair, logs: Path, *extra: str) -> Server:
-    args = [
-        "--model-path", str(pair.target_dir),
-        "--dtype", "float32",
-        "--max-total-tokens", "4096",
-        "--random-seed", "0",
-        *extra,
-    ]  # fmt: skip
-    return Server(name, args, log_path=logs / f"{name}.log", startup_timeout=STARTUP_TIMEOUT_S)
-
-
-def _ssd_server(name: str, pair: Pair, logs: Path, *extra: str) -> Server:
-    return _server(
-        name,
-        pair,
-        logs,
-        "--speculative-algorithm", "SSD",
-        "--speculative-draft-model-path", str(pair.draft_dir),
-        "--speculative-num-steps", str(LOOKAHEAD),
-        *extra,
-    )  # fmt: skip
-
-
-def _draw(server: Server, samples_per_prompt: int = SAMPLES_PER_PROMPT) -> Draws:
-    """`samples_per_prompt` continuations of each prompt, the prompts interleaved in batches."""
-    draws = Draws(samples=[[] for _ in PROMPTS])
-    per_prompt = REQUESTS_PER_POST // len(PROMPTS)
-    for start in range(0, samples_per_prompt, per_prompt):
-        count = min(per_prompt, samples_per_prompt - start)
-        ids = [list(PROMPTS[i % len(PROMPTS)]) for i in range(count * len(PROMPTS))]
-        body = {
-            "input_ids": ids,
-            "sampling_params": {
-                "temperature": TEMPERATURE,
-                "max_new_tokens": NEW_TOKENS,
-                "ignore_eos": True,
-            },
-        }
-        response = requests.post(f"{server.url}/generate", json=body, timeout=600)
-        assert response.status_code == 200, response.text[:2000]
-        for i, out in enumerate(response.json()):
-            assert len(out["output_ids"]) == NEW_TOKENS, out
-            draws.samples[i % len(PROMPTS)].append(tuple(out["output_ids"]))
-            draws.metas.append(out["meta_info"])
-    return draws
-
-
-def _configure(server: Server, settings: dict[str, Any]) -> bool:
-    """Apply SSD settings live (`POST /ssd/config`); False if the server has no such endpoint."""
-    response = requests.post(f"{server.url}/ssd/config", json=settings, timeout=120)
-    if response.status_code in (404, 405):
-        return False
-    assert response.status_code == 200, response.text
-    current = requests.get(f"{server.url}/ssd/config", timeout=60).json()
-    assert {k: current[k] for k in settings} == settings, current
-    return True
-
-
 # One server at a time: an idle SGLang CPU scheduler busy-polls a whole core, so two resident
 # servers on two cores slow each other down several-fold.
 @pytest.fixture(scope="module")
 def ar_draws(pair: Pair, logs: Path) -> Draws:
-    with _server("ar", pair, logs, "--speculative-algorithm", "NONE") as server:
-        return _draw(server)
+    out = draw_ar(pair.target_dir, logs, SAMPLES_PER_PROMPT)
+    print(f"\nar: {out.summary()}")
+    return out
 
 
 @pytest.fixture(scope="module")
 def ssd_draws(pair: Pair, logs: Path) -> dict[str, Draws]:
-    out: dict[str, Draws] = {}
-    with _ssd_server("ssd", pair, logs) as server:
-        for name, settings in SSD_CONFIGS.items():
-            if not _configure(server, settings):
-                break
-            out[name] = _draw(server)
-    for name, settings in SSD_CONFIGS.items():
-        if name not in out:  # no admin endpoint: one server per setting
-            flags = ["--ssd-beta", str(settings["beta"]), "--ssd-backup", settings["backup"]]
-            with _ssd_server(name, pair, logs, *flags) as server:
-                out[name] = _draw(server)
+    out = draw_ssd(pair.target_dir, pair.draft_dir, logs, SAMPLES_PER_PROMPT)
     for name, got in out.items():
         print(f"\n{name}: {got.summary()}")
     return out
@@ -270,25 +150,24 @@ def test_pair_is_sharp_and_draft_differs(pair: Pair) -> None:
         assert 0.3 < float(torch.minimum(p, q).sum()) < 0.8  # drafts often rejected
 
 
+def test_full_size_resolves_the_stated_bias(pair: Pair) -> None:
+    """The full size (`FULL_SAMPLES`, the eval's run) still rejects TV 0.03 in the hardest
+    direction with ≥ 90% probability on this pair (seeded simulation, as in the docstring)."""
+    refs = [c.probs["target"] for c in pair.cells]
+    hardest = directions(pair.cells)["hardest"]
+    power = power_at_tv(refs, hardest, FULL_SAMPLES, TARGET_TV)
+    assert power is not None and power >= POWER, power
+
+
 @pytest.mark.parametrize("bug", [None, *BROKEN])
 def test_statistic_rejects_broken_verifiers(pair: Pair, bug: str | None) -> None:
-    """Negative control without a server: the same statistic on an in-process speculative
-    sampler passes when it is exact, and rejects two classic verify bugs (TV 0.26–0.43) and a
-    subtle one (q at T = 1 on one token in five, TV 0.05–0.07, rejected with prob. 0.9995)."""
-    generator = torch.Generator().manual_seed(1234)
-    counts = [
-        cells.counts(
-            speculative_samples(
-                pair.target, pair.draft, prompt, NEW_TOKENS, SAMPLES_PER_PROMPT, bug, generator
-            )
-        )
-        for prompt, cells in zip(PROMPTS, pair.cells, strict=True)
-    ]
-    result = chi_square(counts, [c.probs["target"] for c in pair.cells])
+    """Negative control without a server, at `SAMPLES_PER_PROMPT`: the same statistic on an
+    in-process speculative sampler passes when it is exact, and rejects two classic verify bugs
+    (TV 0.26–0.43) and a subtle one (q at T = 1 on one token in five, TV 0.05–0.07)."""
+    result, tv = negative_control(pair, bug, SAMPLES_PER_PROMPT)
     if bug is None:
         assert not result.rejects, result
     else:
-        tv = [total_variation(c.probs["target"], c.probs[bug]) for c in pair.cells]
         assert min(tv) > 0.04, tv
         assert result.rejects, (result, tv)
 
@@ -299,10 +178,9 @@ def test_first_tokens_match_the_target(
 ) -> None:
     """Joint frequencies of generated tokens 1–4 match the target's exact law (α = 0.001)."""
     got = _draws_of(request, name)
-    counts = [cells.counts(s) for cells, s in zip(pair.cells, got.samples, strict=True)]
-    refs = [cells.probs["target"] for cells in pair.cells]
-    result = chi_square(counts, refs)
+    result = draws_chi_square(pair.cells, got)
     print(f"\n{name}: {result}")
+    counts = [cells.counts(s) for cells, s in zip(pair.cells, got.samples, strict=True)]
     detail = f"{name}: {result}, {got.summary()}\n{_worst_cells(pair.cells, counts)}"
     assert not result.rejects, detail
 
@@ -310,15 +188,18 @@ def test_first_tokens_match_the_target(
 @pytest.mark.parametrize("name", list(SSD_CONFIGS))
 def test_ssd_rounds_hit_every_verify_outcome(request: pytest.FixtureRequest, name: str) -> None:
     """The samples above came through SSD rounds with rejections (k = 0, 1), all-accepted
-    rounds (k = γ, bonus from p), and later rounds drafted from the speculation cache and from
-    the configured backup."""
+    rounds (k = γ, bonus from p), and rounds drafted from the speculation cache and from the
+    configured backup."""
     summary = _draws_of(request, name).summary()
     assert summary["rounds"] > summary["requests"], summary  # some requests had a 2nd round
     assert all(count > 0 for count in summary["accept_hist"]), summary
     assert 0.0 < summary["cache_hit_rate"] < 1.0, summary
     backup = SSD_CONFIGS[name]["backup"]
     if backup != "auto":
-        assert set(summary["backup_rounds"]) == {backup}, summary
+        # A request whose draft-side prefill is still pending, or that does not fit the
+        # speculator's KV pool, gets n-gram drafts whatever the configured backup.
+        assert summary["backup_rounds"].get(backup, 0) > 0, summary
+        assert set(summary["backup_rounds"]) <= {backup, "ngram"}, summary
 
 
 def _worst_cells(cells: list[Cells], counts: list[np.ndarray], top: int = 8) -> str:
