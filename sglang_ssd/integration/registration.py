@@ -137,3 +137,11 @@ def validate_ssd_server_args(server_args: ServerArgs) -> None:
         reason = sampling_refusal(preferred)
         if reason is not None:
             raise ValueError(f"--preferred-sampling-params: {reason}")
+    from sglang_ssd.integration.tokenizer_check import check_shared_tokenizer
+
+    # Last: the cheap refusals above answer first; this one may load both tokenizers.
+    check_shared_tokenizer(
+        getattr(cfg, "tokenizer_path", None) or cfg.model_path,
+        cfg.speculative_draft_model_path,
+        bool(getattr(cfg, "trust_remote_code", False)),
+    )

@@ -329,13 +329,16 @@ def test_hooks_leave_other_algorithms_alone() -> None:
         assert chosen is expected if expected else issubclass(chosen, Base) and chosen is not Base
 
 
-def test_p_changing_server_flags_are_refused_at_startup() -> None:
+def test_p_changing_server_flags_are_refused_at_startup(tmp_path) -> None:
     from types import SimpleNamespace
 
     from sglang_ssd.integration.registration import validate_ssd_server_args
+    from sglang_ssd.testing.tiny_models import make_tiny_model
 
+    model = str(make_tiny_model(tmp_path / "model"))  # the tokenizer check loads its tokenizer
     args = dict(
-        speculative_draft_model_path="draft",
+        model_path=model,
+        speculative_draft_model_path=model,
         speculative_num_steps=4,
         speculative_eagle_topk=1,
         tp_size=1,
