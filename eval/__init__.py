@@ -15,8 +15,8 @@
 - `result_rows`, `figures`, `report`: the rows read from results files, their PNGs, and the
   markdown report with their tables.
 - `trace` (record / replay), `bench_speculator`, `bench_verify`, `lossless`, `load`,
-  `distribution` (the T > 0 distribution check: power / run): offline and single-purpose tools,
-  each `python -m eval.<name>`.
+  `distribution` (the T > 0 distribution check: power / run), `margin` (ε of the greedy rule,
+  measured): offline and single-purpose tools, each `python -m eval.<name>`.
 
 Run `python -m eval --help`.
 """

@@ -14,6 +14,8 @@ Subcommands:
   report    the figures plus eval/results/report[-quick].md with the tables.
   all       the main comparison (AR, STANDALONE, sync, SSD on HumanEval and MT-Bench), every
             sweep, then figures and report; resumes an interrupted run unless --fresh.
+  margin    ε of the greedy rule: decode vs TARGET_VERIFY argmax, teacher-forced, on the real
+            pair (eval.margin; eval/results/margin-eps.json, resumable).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from eval import configs as presets
 from eval import datasets, figures, report, ssd_bench, sweep
 from eval.configs import Config
 from eval.harness import RunSettings, run_interleaved
+from eval.margin import cli as margin
 from eval.sampling import Sampling
 from eval.summary import format_table
 from sglang_ssd.config import parse_cpu_list
@@ -333,6 +336,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     _add_experiment_options(p)
     p.add_argument("--fresh", action="store_true", help="discard earlier results, start over")
     p.set_defaults(func=cmd_all)
+
+    p = sub.add_parser("margin", help="measure ε of the greedy rule on the real pair")
+    margin.add_arguments(p)
+    p.set_defaults(func=margin.run)
 
     p = sub.add_parser("show", help="print the table of a results file")
     p.add_argument("results", type=Path)

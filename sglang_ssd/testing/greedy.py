@@ -1,32 +1,115 @@
 """Greedy-equality checks with the numerics rule of DESIGN.md §1.
 
 Greedy outputs must match token for token. The only allowed exception is a position where the
-target's top-2 logit margin, recomputed in fp32 on the common prefix, is below ε: there bf16
-rounding that depends on batch shape may legitimately flip the argmax. After such a position the
-sequences diverge, so comparison stops there.
+target's top-2 logit margin, recomputed in fp32 on the common context, is below ε: there bf16
+rounding that depends on batch shape and forward mode (DECODE vs TARGET_VERIFY) may
+legitimately flip the argmax. After such a position the two outputs continue from different
+contexts, so the check goes on teacher-forced: the reference (AR) continues from the checked
+output's own prefix (`continue_ar`) and the rest is compared against that, until every token of
+the output has been checked.
+
+ε is measured, not chosen: `python -m eval.margin` writes eval/results/margin-eps.json with
+ε = 1.5 × the largest fp32 top-2 margin among teacher-forced positions where SGLang's decode
+argmax and its TARGET_VERIFY argmax differ.
 """
 
 from __future__ import annotations
 
 import gc
-from collections.abc import Sequence
+import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-# Logit units; bf16 rounding of Qwen2.5-1.5B's logits is a few hundredths to ~0.1.
-DEFAULT_MARGIN_EPS = 0.25
+# Where `python -m eval.margin` writes the measured ε (present in a source checkout only).
+MARGIN_EPS_FILE = Path(__file__).resolve().parents[2] / "eval" / "results" / "margin-eps.json"
+# Logit units. Used when MARGIN_EPS_FILE is absent (an installed package); the value of the
+# last measurement committed there (eval/results/margin-eps.json, `summary.eps`).
+MEASURED_MARGIN_EPS = 0.25
+
+
+def _read_eps(path: Path) -> float | None:
+    """`summary.eps` of a `python -m eval.margin` results file; None if absent or unfinished."""
+    try:
+        eps = json.loads(path.read_text())["summary"]["eps"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return float(eps) if isinstance(eps, int | float) and eps > 0 else None
+
+
+def measured_margin_eps(path: Path = MARGIN_EPS_FILE) -> float:
+    """ε from `python -m eval.margin`'s results file, else `MEASURED_MARGIN_EPS`."""
+    eps = _read_eps(path)
+    return MEASURED_MARGIN_EPS if eps is None else eps
+
+
+def margin_eps_source(path: Path = MARGIN_EPS_FILE) -> str:
+    """Where `measured_margin_eps` takes ε from: the file's path, or the constant's name."""
+    return "sglang_ssd.testing.greedy.MEASURED_MARGIN_EPS" if _read_eps(path) is None else str(path)
+
+
+DEFAULT_MARGIN_EPS = measured_margin_eps()
+
+# (context token ids, prompt included; n) -> the reference's next ≤ n greedy token ids.
+ContinueFn = Callable[[Sequence[int], int], Sequence[int]]
+# (model folder, contexts) -> the target's fp32 top-2 margin after each context.
+MarginsFn = Callable[[str | Path, Sequence[Sequence[int]]], list[float]]
 
 
 @dataclass(frozen=True)
 class Divergence:
-    """The first position where two greedy outputs differ, and the target's fp32 margin there."""
+    """A position where two greedy outputs differ, and the target's fp32 margin there.
+
+    `index` counts output tokens; -1 as a token means that output had ended there.
+    """
 
     index: int
     expected: int
     got: int
     margin: float | None = None
+
+
+@dataclass(frozen=True)
+class PromptCheck:
+    """One output's check: every divergence found, and how many of its tokens were compared.
+
+    Attributes:
+        divergences: in output order, each with its fp32 margin.
+        checked: tokens of the checked output compared against the reference's greedy choice
+            in the same context (a divergent token counts as checked).
+        total: tokens of the checked output.
+    """
+
+    divergences: tuple[Divergence, ...]
+    checked: int
+    total: int
+
+    @property
+    def identical(self) -> bool:
+        return not self.divergences
+
+
+@dataclass(frozen=True)
+class GreedyCheck:
+    """The result of `check_greedy`. Empty `violations` means the check passed."""
+
+    prompts: tuple[PromptCheck, ...]
+    violations: tuple[str, ...]
+    eps: float
+
+    @property
+    def passed(self) -> bool:
+        return not self.violations
+
+    @property
+    def checked(self) -> int:
+        return sum(p.checked for p in self.prompts)
+
+    @property
+    def total(self) -> int:
+        return sum(p.total for p in self.prompts)
 
 
 def first_divergence(expected: Sequence[int], got: Sequence[int]) -> Divergence | None:
@@ -59,34 +142,79 @@ def fp32_top2_margins(model_dir: str | Path, prefixes: Sequence[Sequence[int]]) 
     return margins
 
 
+def walk_divergences(
+    prompt: Sequence[int],
+    expected: Sequence[int],
+    got: Sequence[int],
+    continue_ar: ContinueFn | None,
+) -> tuple[list[Divergence], int]:
+    """Every divergence of `got` from the reference, continuing teacher-forced after each.
+
+    After a divergence at output index i, the reference is `continue_ar(prompt + got[:i + 1],
+    len(got) - i - 1)` aligned at i + 1. Without `continue_ar` the walk stops at the first
+    divergence. Returns (divergences without margins, tokens of `got` checked).
+
+    Raises:
+        ValueError: `continue_ar` returned more tokens than asked for.
+    """
+    found: list[Divergence] = []
+    reference, base = list(expected), 0
+    while (d := first_divergence(reference, got[base:])) is not None:
+        index = base + d.index
+        found.append(Divergence(index, d.expected, d.got))
+        rest = len(got) - index - 1
+        if continue_ar is None or rest <= 0:
+            return found, min(index + 1, len(got))
+        reference = list(continue_ar([*prompt, *got[: index + 1]], rest))
+        if len(reference) > rest:
+            raise ValueError(f"continue_ar returned {len(reference)} tokens, asked for {rest}")
+        base = index + 1
+    return found, len(got)
+
+
 def check_greedy(
     model_dir: str | Path,
     prompts: Sequence[Sequence[int]],
     expected: Sequence[Sequence[int]],
     got: Sequence[Sequence[int]],
+    *,
+    continue_ar: ContinueFn | None = None,
     eps: float = DEFAULT_MARGIN_EPS,
-) -> tuple[list[Divergence | None], list[str]]:
+    margins: MarginsFn = fp32_top2_margins,
+) -> GreedyCheck:
     """Compare greedy outputs per prompt under the ε rule.
 
+    Args:
+        model_dir: the target's folder (its fp32 margins judge each divergence).
+        prompts, expected, got: per prompt, its token ids, the reference (AR) output and the
+            output under test.
+        continue_ar: the reference's greedy continuation of a context (see `ContinueFn`); with
+            it every token of `got` is checked, without it each prompt stops at its first
+            divergence.
+        eps: logit units; a divergence whose fp32 margin is ≥ eps is a violation.
+        margins: computes the margins (one call for all divergences; tests pass a fake).
+
     Returns:
-        (the divergence per prompt with its fp32 margin, or None; the violations: divergences
-        whose margin is ≥ ε, as readable strings). Empty violations means the check passed.
+        Every divergence with its margin, the checked/total token counts per prompt, and the
+        violations as readable strings.
     """
-    found = [first_divergence(e, g) for e, g in zip(expected, got, strict=True)]
-    todo = [(i, d) for i, d in enumerate(found) if d is not None]
-    margins = (
-        fp32_top2_margins(
-            model_dir, [list(prompts[i]) + list(expected[i][: d.index]) for i, d in todo]
-        )
-        if todo
-        else []
-    )
+    walked = [
+        walk_divergences(p, e, g, continue_ar)
+        for p, e, g in zip(prompts, expected, got, strict=True)
+    ]
+    todo = [(i, d) for i, (found, _) in enumerate(walked) for d in found]
+    contexts = [[*prompts[i], *got[i][: d.index]] for i, d in todo]
+    values = margins(model_dir, contexts) if todo else []
+    judged: list[list[Divergence]] = [[] for _ in walked]
     violations = []
-    for (i, d), margin in zip(todo, margins, strict=True):
-        found[i] = Divergence(d.index, d.expected, d.got, margin)
+    for (i, d), margin in zip(todo, values, strict=True):
+        judged[i].append(Divergence(d.index, d.expected, d.got, margin))
         if margin >= eps:
             violations.append(
                 f"prompt {i}: token {d.index} expected {d.expected} got {d.got}, "
                 f"fp32 top-2 margin {margin:.3f} >= eps {eps}"
             )
-    return found, violations
+    checks = tuple(
+        PromptCheck(tuple(judged[i]), checked, len(got[i])) for i, (_, checked) in enumerate(walked)
+    )
+    return GreedyCheck(checks, tuple(violations), eps)

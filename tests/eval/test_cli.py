@@ -6,7 +6,7 @@ import importlib
 
 import pytest
 
-EVAL_SUBCOMMANDS = ("baseline", "ssd", "run", "show", "sweep", "figures", "report", "all")
+EVAL_SUBCOMMANDS = ("baseline", "ssd", "run", "show", "sweep", "figures", "report", "all", "margin")
 # (module whose `main` parses the command line, the arguments after `python -m <package>`)
 COMMANDS = [
     ("eval.__main__", ["--help"]),
@@ -17,6 +17,7 @@ COMMANDS = [
     ("eval.bench_speculator.__main__", ["--help"]),
     ("eval.bench_verify", ["--help"]),
     ("eval.lossless", ["--help"]),
+    ("eval.margin.__main__", ["--help"]),
     ("eval.load", ["--help"]),
     ("eval.distribution.__main__", ["--help"]),
     ("eval.distribution.__main__", ["power", "--help"]),

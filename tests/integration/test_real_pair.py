@@ -6,7 +6,8 @@
    speculator is a separate process on disjoint cores, the cache hit rate is > 0 and the accept
    length is > 2.
 Both under DESIGN.md §1's rule: a divergence is allowed only where the target's fp32 top-2 margin
-is below ε = `DEFAULT_MARGIN_EPS`; such positions are printed.
+is below ε = `DEFAULT_MARGIN_EPS`; such positions are printed. After one, SSD's check goes on
+teacher-forced (AR continues from SSD's prefix), so all of SSD's tokens are checked.
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ import requests
 import torch
 
 from eval.datasets import HUMANEVAL, load_prompts, load_tokenizer
+from eval.lossless import continuation
 from eval.servers import Server
 from sglang_ssd.models import DRAFT_MODEL, TARGET_MODEL, model_path
 from sglang_ssd.testing import check_greedy
+from sglang_ssd.testing.greedy import GreedyCheck
 
 pytestmark = pytest.mark.integration
 
@@ -74,9 +77,9 @@ def _greedy(server: Server, prompts: list[list[int]], n: int) -> list[dict]:
     return out
 
 
-def _report(label: str, divergences) -> None:
-    for i, d in enumerate(divergences):
-        if d is not None:
+def _report(label: str, check: GreedyCheck) -> None:
+    for i, prompt in enumerate(check.prompts):
+        for d in prompt.divergences:
             print(
                 f"{label}: prompt {i} allowed divergence at token {d.index} "
                 f"(fp32 top-2 margin {d.margin:.3f})"
@@ -85,9 +88,9 @@ def _report(label: str, divergences) -> None:
 
 def test_ar_server_matches_transformers_greedy(pair, prompts, transformers_greedy, ar_server):
     got = [r["output_ids"] for r in _greedy(ar_server, prompts, 32)]
-    divergences, violations = check_greedy(pair[0], prompts, transformers_greedy, got)
-    _report("AR vs transformers", divergences)
-    assert not violations, violations
+    check = check_greedy(pair[0], prompts, transformers_greedy, got)
+    _report("AR vs transformers", check)
+    assert not check.violations, check.violations
 
 
 def test_ssd_greedy_matches_ar_and_speculates(pair, prompts, ar_server, tmp_path_factory):
@@ -115,9 +118,10 @@ def test_ssd_greedy_matches_ar_and_speculates(pair, prompts, ar_server, tmp_path
         target_cpus = set(os.sched_getaffinity(scheduler.pid))
         draft_cpus = set(os.sched_getaffinity(speculators[0].pid))
     got = [r["output_ids"] for r in results]
-    divergences, violations = check_greedy(pair[0], prompts, expected, got)
-    _report("SSD vs AR", divergences)
-    assert not violations, violations
+    check = check_greedy(pair[0], prompts, expected, got, continue_ar=continuation(ar_server.url))
+    _report("SSD vs AR", check)
+    assert not check.violations, check.violations
+    assert check.checked == check.total
     assert target_cpus and draft_cpus and not target_cpus & draft_cpus
     accept_length = sum(r["meta_info"]["spec_accept_length"] for r in results) / len(results)
     assert accept_length > 2, accept_length
