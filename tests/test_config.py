@@ -7,11 +7,14 @@ import argparse
 import pytest
 
 from sglang_ssd.config import (
+    DEFAULT_DRAFT_KV_TOKENS,
     FLAGS,
     LIVE_FIELDS,
     SSDConfig,
     SSDConfigError,
+    TargetCapacity,
     add_ssd_args,
+    fanout_budget_limit,
     parse_cpu_list,
 )
 from sglang_ssd.launch_server import apply_defaults, build_config, split_args
@@ -156,3 +159,33 @@ def test_tree_depth_above_gamma_refused():
     add_ssd_args(parser)
     with pytest.raises(SSDConfigError, match="--ssd-tree-depth"):
         build_config(parser.parse_args(["--ssd-tree-depth", "5"]), ["--speculative-num-steps", "4"])
+
+
+def test_draft_kv_pool_is_sized_from_the_target_unless_given():
+    capacity = TargetCapacity(max_total_tokens=2048, max_running_requests=48, context_len=1024)
+    config = SSDConfig(lookahead=4, fanout_budget=8, tree_depth=3)
+    assert config.draft_kv_slots(capacity) == 2048 + 48 * (4 + 1 + 8 * 3)
+    assert config.draft_kv_slots(None) == DEFAULT_DRAFT_KV_TOKENS
+    assert config.replace(draft_kv_tokens=300).draft_kv_slots(capacity) == 300
+    assert capacity.longest_request == 1024
+    with pytest.raises(SSDConfigError, match="--ssd-draft-kv-tokens"):
+        SSDConfig(draft_kv_tokens=0)
+    with pytest.raises(SSDConfigError, match="must fit in --ssd-draft-kv-tokens"):
+        SSDConfig(fanout_budget=8, draft_kv_tokens=31)  # 8 × γ=4 branch slots
+
+
+def test_live_fanout_budget_is_bounded_by_the_pool_and_the_outcomes_of_a_round():
+    # V = 128: one round has (γ + 1)(V − 1) = 635 outcomes.
+    limit, why = fanout_budget_limit(10**6, 1024, lookahead=4, depth=4, vocab_size=128)
+    assert limit == 635 and "outcomes" in why
+    # 4096 slots: a 1024-token request, its draft and root (5), then (4096 - 1029) // 4 branches.
+    limit, why = fanout_budget_limit(4096, 1024, lookahead=4, depth=4, vocab_size=151936)
+    assert limit == (4096 - 1029) // 4 and "KV pool (4096 tokens)" in why
+    assert fanout_budget_limit(500, 1024, 4, 4, 128)[0] == 0
+    config = SSDConfig(fanout_budget=8, draft_kv_tokens=4096)
+    config.check_fanout_budget(766, 1024, 151936)
+    config.check_fanout_budget(4, 10**6, 151936)  # lowering is always allowed
+    with pytest.raises(SSDConfigError, match="--ssd-fanout-budget must be at most 766"):
+        config.check_fanout_budget(767, 1024, 151936)
+    with pytest.raises(SSDConfigError, match=r"at most 635 .*outcomes.*got 1000000"):
+        SSDConfig(fanout_budget=8, draft_kv_tokens=10**7).check_fanout_budget(10**6, 1024, 128)

@@ -34,7 +34,7 @@ def admit(needs: Sequence[int], free: int) -> list[bool]:
 
 
 def prefill_plan(backlogs: Sequence[int], budget: int, free: int) -> list[int]:
-    """Tokens of prefill to feed per request in one chunk: first come, first served.
+    """Tokens of prefill to feed per request in one chunk, in the order given.
 
     Args:
         backlogs: unfed tokens each request has before its root (≥ 0).

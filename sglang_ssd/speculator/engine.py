@@ -313,9 +313,10 @@ class SpeculatorEngine:
 
     # ---------------------------------------------------------------- prefill
     def _prefill(self, states: Sequence[RequestState], budget: int) -> list[RequestState]:
-        """Feed at most `budget` tokens (and what the pool holds) of the states' backlogs, first
-        come first served, in one forward; returns the states whose prefill this completed."""
-        pending = [s for s in states if s.backlog > 0]
+        """Feed at most `budget` tokens (and what the pool holds) of the states' backlogs in one
+        forward, shortest backlog first (so a long prompt holds up as few requests as possible);
+        returns the states whose prefill this completed."""
+        pending = sorted((s for s in states if s.backlog > 0), key=lambda s: s.backlog)
         if not pending:
             return []
         counts = prefill_plan([s.backlog for s in pending], budget, self._pool_free())
@@ -327,9 +328,8 @@ class SpeculatorEngine:
         return self._pool_free() > 0 and any(s.backlog for s in self.requests.values())
 
     def advance_prefill(self) -> None:
-        """Feed one chunk of pending prefill (at most `prefill_chunk_tokens`, oldest request
-        first); requests opened with `first_round` whose prefill this completes get their first
-        round pre-speculated."""
+        """Feed one chunk of pending prefill (at most `prefill_chunk_tokens`); requests opened
+        with `first_round` whose prefill this completes get their first round pre-speculated."""
         done = self._prefill(list(self.requests.values()), self.prefill_chunk_tokens)
         first = [s.rid for s in done if s.first_round and s.draft is None]
         if first:
