@@ -82,14 +82,31 @@ class Chain:
             raise ValueError(f"{self.prompt.id}: saved chain has other prompt tokens")
         self.forced = list(saved["forced"])
         self.segments = list(saved["segments"])
-        # Files written before argmax meant the emitted token listed exact ties as differing:
-        # only a diverged segment's last measured position is one.
-        ends = {s["start"] + len(s["decode_gap"]) for s in self.segments
-                if s["reason"] == "diverged" and s["decode_gap"]}  # fmt: skip
-        self.differing = [d for d in saved["differing"] if d["index"] in ends]
-        dropped = len(saved["differing"]) - len(self.differing)
-        self.tie_orders = int(saved.get("tie_orders", 0)) + dropped
+        self.differing, self.tie_orders = _differing_of(saved, self.forced, self.segments)
         self.done = bool(saved["done"])
+
+
+def _differing_of(
+    saved: dict[str, Any], forced: list[int], segments: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], int]:
+    """A saved chain's differing positions and tie orders, one per diverged segment's end.
+
+    Files written before "argmax" meant the emitted token compared top-1 logprob ids: they list
+    exact ties as differing and can miss a divergence where a tie hid it. The divergences are
+    the diverged segments' last measured positions; one the file missed gets AR's token from
+    `forced` and -1 for SSD's (not kept).
+    """
+    by_index = {d["index"]: d for d in saved["differing"]}
+    differing = []
+    for seg in segments:
+        if seg["reason"] != "diverged" or not seg["decode_gap"]:
+            continue
+        index = seg["start"] + len(seg["decode_gap"])
+        differing.append(by_index.pop(index, None) or {
+            "index": index, "decode": forced[index], "verify": -1,
+            "decode_gap": seg["decode_gap"][-1], "verify_gap": seg["verify_gap"][-1],
+        })  # fmt: skip
+    return differing, int(saved.get("tie_orders", 0)) + len(by_index)
 
 
 def make_chains(lossless: Sequence[Prompt], extra: Sequence[Prompt]) -> list[Chain]:

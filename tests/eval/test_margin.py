@@ -74,18 +74,27 @@ def test_an_exact_tie_listed_in_another_order_is_not_a_differing_argmax() -> Non
     assert seg.differing == () and seg.tie_orders == 1 and seg.positions == 2
 
 
-def test_resume_drops_ties_that_older_files_listed_as_differing(tmp_path: Path) -> None:
+def test_resume_takes_divergences_from_diverged_segments_not_from_ties(tmp_path: Path) -> None:
     chain = Chain(_prompt(0), True)
     chain.add(align(0, _reply([1, 2, 3, 4]), _reply([1, 2, 9, 9])), max_tokens=100)
-    chain.add(align(3, _reply([5, 6, 7]), _reply([5, 6, 7])), max_tokens=100)
-    chain.differing.append(
-        {"index": 4, "decode": 6, "verify": 8, "decode_gap": 0.1, "verify_gap": 0.0}
-    )  # what the first version recorded for a tie
+    chain.add(align(3, _reply([5, 6, 7, 8]), _reply([5, 6, 7, 8])), max_tokens=100)
+    chain.add(align(7, _reply([4, 4, 4]), _reply([4, 4, 5])), max_tokens=100)
+    # What the first version recorded: a tie in another order (index 4) as differing, and not
+    # the divergence at 9, where a tie made both top-1 ids equal.
+    chain.differing = [
+        chain.differing[0],
+        {"index": 4, "decode": 6, "verify": 8, "decode_gap": 0.1, "verify_gap": 0.0},
+    ]
     path = tmp_path / "m.json"
     save(path, {}, [chain])
     fresh = make_chains([_prompt(0)], [])
     restore_all(fresh, path)
-    assert [d["index"] for d in fresh[0].differing] == [2] and fresh[0].tie_orders == 1
+    assert [(d["index"], d["decode"], d["verify"]) for d in fresh[0].differing] == [
+        (2, 3, 9),
+        (9, 4, -1),
+    ]
+    assert fresh[0].tie_orders == 1
+    assert fresh[0].context(9) == [100, 200, 1, 2, 3, 5, 6, 7, 8, 4, 4]
 
 
 def test_align_without_divergence_goes_on_after_length_and_stops_at_eos() -> None:
