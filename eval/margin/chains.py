@@ -114,18 +114,28 @@ def make_chains(lossless: Sequence[Prompt], extra: Sequence[Prompt]) -> list[Cha
     return [Chain(p, True) for p in lossless] + [Chain(p, False) for p in extra]
 
 
-def restore_all(chains: Iterable[Chain], path: Path) -> int:
-    """Restore chains from a results file written by `save`; returns how many were found."""
+RUN_KEYS = ("command", "date", "settings", "servers", "measure_seconds")
+
+
+def restore_all(chains: Iterable[Chain], path: Path) -> tuple[int, list[dict[str, Any]]]:
+    """Restore chains from a results file written by `save`.
+
+    Returns:
+        (how many chains were found, the runs that wrote the file: each one's command, date,
+        settings, servers and measuring seconds, earliest first).
+    """
     if not path.exists():
-        return 0
-    saved = {(c["dataset"], c["id"]): c for c in json.loads(path.read_text())["chains"]}
+        return 0, []
+    body = json.loads(path.read_text())
+    saved = {(c["dataset"], c["id"]): c for c in body["chains"]}
     found = 0
     for chain in chains:
         state = saved.get((chain.prompt.record.dataset, chain.prompt.id))
         if state is not None:
             chain.restore(state)
             found += 1
-    return found
+    runs = [*body.get("earlier_runs", []), {k: body[k] for k in RUN_KEYS if k in body}]
+    return found, runs
 
 
 def all_differing(chains: Iterable[Chain]) -> list[tuple[Chain, dict[str, Any]]]:

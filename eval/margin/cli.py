@@ -65,7 +65,7 @@ def _measure(
             )
 
         Measurer(ar.url, ssd.url, chains, budget, on_segment).run(a.streams)
-    header["measure_seconds"] = header.get("measure_seconds", 0.0) + time.time() - started
+    header["measure_seconds"] = time.time() - started
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -99,7 +99,7 @@ def run(a: argparse.Namespace) -> int:
     target, draft = configs.default_model_dirs()
     lossless, extra = _prompts(a, load_tokenizer(target))
     chains = make_chains(lossless, extra)
-    resumed = 0 if a.fresh else restore_all(chains, a.out)
+    resumed, earlier = (0, []) if a.fresh else restore_all(chains, a.out)
     header: dict[str, Any] = {
         "kind": "margin-eps",
         **run_header("eval" if hasattr(a, "func") else "eval.margin", sys.argv[1:]),
@@ -108,6 +108,7 @@ def run(a: argparse.Namespace) -> int:
             k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items() if k != "func"
         },
         "resumed_chains": resumed,
+        "earlier_runs": earlier,
     }
     a.out.parent.mkdir(parents=True, exist_ok=True)
     wanted = sum(c.positions for c in chains) < a.positions and not all(c.done for c in chains)

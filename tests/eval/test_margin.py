@@ -118,9 +118,11 @@ def test_chain_context_and_resume(tmp_path: Path) -> None:
     assert chain.forced == [1, 2, 3] and chain.positions == 2
     assert chain.context(2) == [100, 200, 1, 2]
     path = tmp_path / "m.json"
-    save(path, {"kind": "margin-eps"}, [chain, Chain(_prompt(1), True)])
+    save(path, {"kind": "margin-eps", "date": "d1"}, [chain, Chain(_prompt(1), True)])
     fresh = make_chains([_prompt(0), _prompt(1)], [])
-    assert restore_all(fresh, path) == 1
+    assert restore_all(fresh, path) == (1, [{"date": "d1"}])
+    save(path, {"date": "d2", "earlier_runs": [{"date": "d1"}]}, fresh)
+    assert restore_all(make_chains([_prompt(0)], []), path)[1] == [{"date": "d1"}, {"date": "d2"}]
     assert fresh[0].forced == chain.forced and fresh[0].differing == chain.differing
     other = Chain(Prompt(Record("humaneval", "HumanEval/0", "x"), (7,)), True)
     with pytest.raises(ValueError, match="other prompt tokens"):
