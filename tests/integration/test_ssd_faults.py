@@ -25,6 +25,7 @@ from typing import Any
 import psutil
 import pytest
 import requests
+from pair_servers import ar_and_ssd
 
 from eval.servers import Server
 
@@ -43,24 +44,8 @@ def servers(
     tiny_target: Path, tiny_draft: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, Server]]:
     logs = tmp_path_factory.mktemp("fault-logs")
-    common = ["--model-path", str(tiny_target), "--max-total-tokens", "4096", "--dtype", "float32"]
-    spec = [
-        "--speculative-algorithm",
-        "SSD",
-        "--speculative-draft-model-path",
-        str(tiny_draft),
-        "--ssd-speculator-timeout",
-        str(TIMEOUT_S),
-    ]
-    made = {
-        "ar": Server("ar", [*common, "--speculative-algorithm", "NONE"], log_path=logs / "ar.log"),
-        "ssd": Server("ssd", [*common, *spec], log_path=logs / "ssd.log"),
-    }
-    with contextlib.ExitStack() as stack:
-        for server in made.values():
-            stack.callback(server.stop)
-        with cf.ThreadPoolExecutor(2) as pool:  # the two start-ups overlap
-            list(pool.map(Server.start, made.values()))
+    timeout = ["--ssd-speculator-timeout", str(TIMEOUT_S)]
+    with ar_and_ssd(tiny_target, tiny_draft, logs, timeout) as made:
         yield made
 
 

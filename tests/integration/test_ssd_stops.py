@@ -14,18 +14,20 @@ tokens, it lands at every offset of the blocks SSD accepts:
 - `stop_regex_end`: the same anchored with `$` (SGLang rescans a multi-token step for it).
 
 Every SSD response must equal the AR server's: text, output ids, `finish_reason` (type and
-matched) and `completion_tokens`. And the sweep must have exercised what it claims: from each
-SSD response's `spec_correct_drafts_histogram`, the tokens its final round accepted past the
-stop; with each prompt's block boundaries from its `length` sweep, every kind must have fired at
-every offset 0..γ of a fully accepted block (γ + 1 tokens), and SSD must have served cache hits.
+matched) and `completion_tokens`. And the sweep must have exercised what it claims: every kind
+must have fired at every offset 0..γ of a fully accepted round (γ + 1 tokens), and SSD must have
+served cache hits. A response's `spec_correct_drafts_histogram` against its `completion_tokens`
+gives the tokens its final round accepted past the stop (the overshoot); the offset is known
+when every round that could have been the final one accepted all γ drafts, or else when the
+prompt's `length` sweep put output n in a full round ending where this request's final round
+ended. (SSD's rounds are not fully reproducible from batch to batch: its fan-out adapts to the
+hits so far.)
 
 All requests of a kind go to each server as one batched `/generate`.
 """
 
 from __future__ import annotations
 
-import concurrent.futures as cf
-import contextlib
 import json
 import re
 import shutil
@@ -36,6 +38,7 @@ from typing import Any
 
 import pytest
 import requests
+from pair_servers import ar_and_ssd
 
 from eval.servers import Server
 from sglang_ssd.testing.tiny_models import tokenize
@@ -45,8 +48,7 @@ MAX_POSITION = 14
 REFERENCE_TOKENS = 40
 EOS_CHAR = "~"  # the tiny corpus's line break, emitted every line
 (EOS_ID,) = tokenize(EOS_CHAR)
-# Prompts of the kind the pair was trained on; none emits `~` within MAX_POSITION tokens, so the
-# token-based stops are not pre-empted by the EOS.
+# Prompts of the kind the pair was trained on (code and prose, lines broken by `~`).
 BASE_PROMPTS = (
     "def compute_total(items, limit):~    ",
     "def merge_node(left, right):~    if left > 3:~",
@@ -56,9 +58,12 @@ BASE_PROMPTS = (
     "def f(x):~    return",
     "    return ",
     "x = ",
+    "    if score > 2:~        ",
+    "def render_buffer(prefix):~    total = ",
+    "    result = ",
+    "def search_name(",
+    "a small cache",
 )
-# Base prompts for `eos`: their first greedy `~` comes after more than MAX_POSITION tokens.
-EOS_BASES = BASE_PROMPTS[:2]
 KINDS = ("length", "eos", "stop_token_id", "stop_str", "stop_regex", "stop_regex_end")
 
 
@@ -98,24 +103,7 @@ def servers(
     eos_target: Path, tiny_draft: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, Server]]:
     logs = tmp_path_factory.mktemp("stop-logs")
-    common = ["--model-path", str(eos_target), "--max-total-tokens", "4096", "--dtype", "float32"]
-    spec = [
-        "--speculative-algorithm",
-        "SSD",
-        "--speculative-draft-model-path",
-        str(tiny_draft),
-        "--speculative-num-steps",
-        str(GAMMA),
-    ]
-    made = {
-        "ar": Server("ar", [*common, "--speculative-algorithm", "NONE"], log_path=logs / "ar.log"),
-        "ssd": Server("ssd", [*common, *spec], log_path=logs / "ssd.log"),
-    }
-    with contextlib.ExitStack() as stack:
-        for server in made.values():
-            stack.callback(server.stop)
-        with cf.ThreadPoolExecutor(2) as pool:  # the two start-ups overlap
-            list(pool.map(Server.start, made.values()))
+    with ar_and_ssd(eos_target, tiny_draft, logs, ["--speculative-num-steps", str(GAMMA)]) as made:
         yield made
 
 
@@ -145,11 +133,13 @@ def reference(servers: dict[str, Server]) -> dict[str, list[int]]:
 
 
 def _eos_prompts(reference: dict[str, list[int]], tokenizer: Any) -> list[tuple[str, int]]:
-    """(prompt, n): an EOS base prompt extended by its first greedy tokens so that its first
+    """(prompt, n): a base prompt extended by its first greedy tokens so that its first
     `~` is output n, for every n ≤ MAX_POSITION the base allows."""
     prompts = []
-    for base in EOS_BASES:
+    for base in BASE_PROMPTS:
         ids = reference[base]
+        if EOS_ID not in ids:
+            continue
         first = ids.index(EOS_ID)
         for n in range(1, min(MAX_POSITION, first + 1) + 1):
             prefix = "".join(tokenizer.convert_ids_to_tokens(ids[: first + 1 - n]))
@@ -193,11 +183,14 @@ def _cases(kind: str, reference: dict[str, list[int]], tokenizer: Any) -> list[C
     if kind == "eos":
         return [Case(kind, p, n, {"max_new_tokens": MAX_POSITION + 6}) for p, n in eos_prompts]
     if kind == "length":
-        prompts = [*BASE_PROMPTS, *(p for p, _ in eos_prompts)]
+        # Every position of the base prompts; for the EOS prompts, the positions whose rounds
+        # locate the one holding their EOS (the previous round ends at most γ + 1 before it).
+        spans = [(p, range(1, MAX_POSITION + 1)) for p in BASE_PROMPTS]
+        spans += [(p, range(max(1, n - GAMMA - 1), n + 1)) for p, n in eos_prompts]
         return [
             Case(kind, p, n, {"max_new_tokens": n, "ignore_eos": True})
-            for p in prompts
-            for n in range(1, MAX_POSITION + 1)
+            for p, positions in spans
+            for n in positions
         ]
     cases = []
     for prompt in BASE_PROMPTS:
@@ -253,25 +246,42 @@ def _block_ends(length: Sweep) -> dict[str, list[int]]:
     return {prompt: sorted(found) for prompt, found in ends.items()}
 
 
-def _full_block_offsets(sweep: Sweep, ends: dict[str, list[int]]) -> set[int]:
-    """Offsets within fully accepted blocks (γ + 1 tokens) at which the kind's stops fired.
+def _own_full_block_offset(meta: dict[str, Any]) -> int | None:
+    """The stop's offset in its final round when the response alone proves that round fully
+    accepted: the final round accepted at least `overshoot` drafts, and every round that did
+    accepted all γ. None otherwise."""
+    overshoot = _overshoot(meta)
+    histogram = meta.get("spec_correct_drafts_histogram") or []
+    could_be_final = {k for k, rounds in enumerate(histogram) if rounds and k >= overshoot}
+    return GAMMA - overshoot if could_be_final == {GAMMA} else None
 
-    A stop counts when it fired as the kind intends (finish type) and its own final round
-    ended where the length sweep's block holding its position ends (the same blocks)."""
+
+def _length_block_offset(n: int, overshoot: int, bounds: list[int]) -> int | None:
+    """The offset of output n in its round when the length sweep's rounds (`bounds`, the
+    prompt's round ends) put it in a fully accepted one that ends where this request's final
+    round ended (the same rounds in both runs). None otherwise."""
+    later = [i for i, end in enumerate(bounds) if end >= n]
+    if not later or later[0] == 0 or bounds[later[0]] != n + overshoot:
+        return None
+    start = bounds[later[0] - 1] + 1
+    return n - start if bounds[later[0]] - start == GAMMA else None
+
+
+def _full_block_offsets(sweep: Sweep, ends: dict[str, list[int]]) -> set[int]:
+    """Offsets within fully accepted rounds (γ + 1 tokens) at which the kind's stops fired, as
+    the kind intends (finish type), by the response's own counts or the length sweep's."""
     wanted = "length" if sweep.cases[0].kind == "length" else "stop"
     offsets = set()
     for case, response in zip(sweep.cases, sweep.ssd, strict=True):
         meta = response["meta_info"]
         if meta["finish_reason"]["type"] != wanted:
             continue
-        n = meta["completion_tokens"]
-        bounds = ends[case.prompt]
-        later = [i for i, end in enumerate(bounds) if end >= n]
-        if not later or later[0] == 0 or bounds[later[0]] != n + _overshoot(meta):
-            continue
-        start = bounds[later[0] - 1] + 1
-        if bounds[later[0]] - start + 1 == GAMMA + 1:
-            offsets.add(n - start)
+        offset = _own_full_block_offset(meta)
+        if offset is None:
+            bounds = ends.get(case.prompt, [])
+            offset = _length_block_offset(meta["completion_tokens"], _overshoot(meta), bounds)
+        if offset is not None:
+            offsets.add(offset)
     return offsets
 
 
