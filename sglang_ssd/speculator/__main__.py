@@ -22,6 +22,7 @@ from sglang_ssd.config import SSDConfig, parse_cpu_list
 from sglang_ssd.placement import pin_process
 from sglang_ssd.speculator.draft_model import DraftModel
 from sglang_ssd.speculator.engine import SpeculatorEngine
+from sglang_ssd.speculator.kv_pool import POOL_MEMORY_SHARE
 from sglang_ssd.speculator.server import SpeculatorServer
 from sglang_ssd.transport import LinkAddress, SpeculatorLink, TransportError
 
@@ -83,10 +84,22 @@ def main(argv: list[str] | None = None) -> int:
         device=args.device,
         dtype=getattr(torch, args.dtype),
         num_slots=kv_slots,
+        memory_share=POOL_MEMORY_SHARE,
     )
     pool = model.kv_pool
+    if pool.num_slots < kv_slots:
+        logger.warning(
+            "speculator KV pool cut to %d of the %d tokens asked for: more would take over %.0f%% "
+            "of the memory left on %s (requests that do not fit get backup drafts)",
+            pool.num_slots,
+            kv_slots,
+            100 * POOL_MEMORY_SHARE,
+            args.device,
+        )
     logger.info(
-        "speculator KV pool: %d tokens (%.1f MiB)", kv_slots, kv_slots * pool.bytes_per_slot / 2**20
+        "speculator KV pool: %d tokens (%.1f MiB)",
+        pool.num_slots,
+        pool.num_slots * pool.bytes_per_slot / 2**20,
     )
     engine = SpeculatorEngine(model, config)
     try:

@@ -25,7 +25,7 @@ from sglang_ssd_kernels.branch_attention import BranchAttentionPlan, plan_branch
 from transformers import AttentionInterface, AutoModelForCausalLM
 from transformers.masking_utils import AttentionMaskInterface
 
-from sglang_ssd.speculator.kv_pool import KVPool
+from sglang_ssd.speculator.kv_pool import KVPool, affordable_slots, available_memory, slot_bytes
 
 ATTN_IMPLEMENTATION = "ssd_paged"
 _CTX_KWARG = "ssd_ctx"
@@ -131,6 +131,7 @@ class DraftModel:
         dtype: torch.dtype = torch.bfloat16,
         num_slots: int = 16384,
         num_threads: int | None = None,
+        memory_share: float | None = None,
     ) -> DraftModel:
         """Load an HF causal-LM folder (config.json + safetensors) as a draft model.
 
@@ -140,6 +141,9 @@ class DraftModel:
             dtype: weight and KV dtype.
             num_slots: KV pool capacity in tokens (all requests and branches together).
             num_threads: if given, `torch.set_num_threads(num_threads)` for this process.
+            memory_share: if given, fewer slots when `num_slots` would take more than this
+                share of the memory the device has free once the weights are loaded
+                (`kv_pool.affordable_slots`); `kv_pool.num_slots` says how many it got.
 
         Raises:
             FileNotFoundError: if `path` has no config.json.
@@ -157,6 +161,13 @@ class DraftModel:
         head_dim = getattr(config, "head_dim", None) or (
             config.hidden_size // config.num_attention_heads
         )
+        if memory_share is not None:
+            per_slot = slot_bytes(
+                config.num_hidden_layers, config.num_key_value_heads, head_dim, dtype
+            )
+            num_slots = affordable_slots(
+                num_slots, per_slot, available_memory(device), memory_share
+            )
         pool = KVPool(
             num_layers=config.num_hidden_layers,
             num_slots=num_slots,

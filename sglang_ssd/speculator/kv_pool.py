@@ -4,11 +4,46 @@ Slots are handed out from a LIFO free stack kept as an int64 tensor on the CPU (
 syncs with the device), so `alloc(n)` and `free(slots)` are a few tensor ops, not a Python loop
 over tokens. A bool "allocated" map makes double frees and frees of never-allocated slots an error
 when `debug` is on (the default; the checks are vectorised and cheap).
+
+`affordable_slots` and `available_memory` keep a pool sized from the target's capacity within
+the memory the speculator's device has left.
 """
 
 from __future__ import annotations
 
 import torch
+
+# A pool takes at most this share of the memory its device has free once the weights are in.
+POOL_MEMORY_SHARE = 0.5
+
+
+def slot_bytes(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    """Memory one token costs across all layers (K and V)."""
+    return 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+
+def affordable_slots(
+    requested: int, bytes_per_slot: int, available_bytes: int, share: float = POOL_MEMORY_SHARE
+) -> int:
+    """`requested` slots, or as many (at least one) as fit in `share` of `available_bytes`."""
+    return max(1, min(requested, int(available_bytes * share) // max(bytes_per_slot, 1)))
+
+
+def available_memory(device: torch.device | str) -> int:
+    """Bytes a new allocation can take on `device` now: CUDA's free memory, or on the CPU the
+    kernel's MemAvailable (Linux's /proc/meminfo).
+
+    Raises:
+        OSError: when /proc/meminfo cannot be read or has no MemAvailable.
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    with open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    raise OSError("/proc/meminfo has no MemAvailable")
 
 
 class KVPoolExhausted(RuntimeError):
@@ -80,8 +115,7 @@ class KVPool:
     @property
     def bytes_per_slot(self) -> int:
         """Memory one token costs across all layers (K and V)."""
-        element = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * element
+        return slot_bytes(self.num_layers, self.num_kv_heads, self.head_dim, self.dtype)
 
     def alloc(self, n: int) -> torch.Tensor:
         """Take `n` free slots.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import msgspec
@@ -251,6 +252,14 @@ def test_admin_stats_and_errors() -> None:
     assert _ask_raw(FakeWorker(), {"type": "admin_request", "op": "nope"}).status == 400
     assert _ask_raw(FakeWorker(), {"type": "admin_reply"}).status == 400
     assert admin.handle(FakeWorker(), b"{not json").status == 400
+
+
+def test_admin_stats_report_the_schedulers_requests() -> None:
+    scheduler = SimpleNamespace(running_batch=SimpleNamespace(reqs=["a", "b"]), waiting_queue=["c"])
+    frame = encode_admin(AdminRequest(op="stats"))
+    body = admin.http_body("stats", admin.handle(FakeWorker(), frame, scheduler))
+    assert body["target_running"] == 2.0 and body["target_waiting"] == 1.0
+    assert "target_running" not in admin.http_body("stats", admin.handle(FakeWorker(), frame))
 
 
 def test_admin_failures_are_replies() -> None:

@@ -7,7 +7,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang_ssd.speculator.kv_pool import KVPool, KVPoolExhausted
+from sglang_ssd.speculator.kv_pool import (
+    KVPool,
+    KVPoolExhausted,
+    affordable_slots,
+    available_memory,
+)
 
 
 def _pool(num_slots: int = 16) -> KVPool:
@@ -78,3 +83,22 @@ def test_random_alloc_free_keeps_slots_distinct(ops):
             pool.free(torch.tensor(give, dtype=torch.int64))
         assert pool.num_used == len(held) == len(set(held))
     assert set(pool.is_allocated(torch.arange(24)).nonzero().squeeze(1).tolist()) == set(held)
+
+
+def test_a_pool_takes_at_most_its_share_of_the_memory_left():
+    assert affordable_slots(1000, bytes_per_slot=100, available_bytes=10**6) == 1000
+    assert affordable_slots(10**6, bytes_per_slot=100, available_bytes=10**6) == 5000
+    assert affordable_slots(10**6, 100, 10**6, share=0.1) == 1000
+    assert affordable_slots(10, 100, 0) == 1
+    assert available_memory("cpu") > 0
+
+
+def test_draft_model_cuts_a_pool_the_device_cannot_hold(tiny_draft, monkeypatch):
+    import sglang_ssd.speculator.draft_model as draft_model
+
+    monkeypatch.setattr(draft_model, "available_memory", lambda device: 2 * 1000 * 256)
+    model = draft_model.DraftModel.load(
+        tiny_draft, dtype=torch.float32, num_slots=10**6, memory_share=0.5
+    )
+    assert model.kv_pool.bytes_per_slot == 256  # 1 layer, 2 KV heads of 16, K and V, fp32
+    assert model.kv_pool.num_slots == 1000

@@ -29,15 +29,17 @@ import pytest
 
 import sglang_ssd.placement as placement_module
 import sglang_ssd.worker.supervisor as supervisor_module
-from sglang_ssd.config import SSDConfig
+from sglang_ssd.config import DEFAULT_DRAFT_KV_TOKENS, SSDConfig, SSDConfigError
 from sglang_ssd.placement import Placement
 from sglang_ssd.speculator import __main__ as speculator_main
 from sglang_ssd.speculator.server import SpeculatorServer
 from sglang_ssd.transport import (
     PROTOCOL_VERSION,
     Close,
+    Configure,
     ControlEndpoint,
     LinkAddress,
+    LiveSettings,
     Open,
     Outcome,
     SamplingSpec,
@@ -266,6 +268,18 @@ def test_stale_outcome_and_closed_requests_are_logged_not_fatal(client, caplog) 
     stats = client.stats()
     assert stats["open_requests"] == 0 and stats["kv_slots_used"] == 0
     assert stats["cache_entries"] == 0
+
+
+def test_configure_refuses_fanout_the_speculator_cannot_hold(client: SpeculatorClient) -> None:
+    before = client.config
+    assert before.draft_kv_tokens == DEFAULT_DRAFT_KV_TOKENS  # no target capacity here
+    # V = 128: one round has (γ + 1)(V − 1) = 635 outcomes to spend a budget on.
+    with pytest.raises(SSDConfigError, match="--ssd-fanout-budget must be at most 635"):
+        client.configure(Configure(changes=LiveSettings(fanout_budget=1000)))
+    assert client.config == before
+    ack = client.configure(Configure(changes=LiveSettings(fanout_budget=16)))
+    assert ack is not None and ack.applied.fanout_budget == 16
+    assert client.stats()["draft_kv_tokens"] == DEFAULT_DRAFT_KV_TOKENS
 
 
 def test_target_vanishing_mid_transfer_ends_the_speculator_cleanly(
