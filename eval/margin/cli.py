@@ -90,6 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=384, help="output tokens per prompt")
     parser.add_argument("--ssd-args", default="", help="extra SSD launcher flags")
     parser.add_argument("--fresh", action="store_true", help="ignore a saved run in --out")
+    parser.add_argument("--note", default="", help="kept in the JSON (e.g. why it is partial)")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--log-dir", type=Path, default=LOGS, help="server logs")
 
@@ -102,6 +103,7 @@ def run(a: argparse.Namespace) -> int:
     resumed, earlier = (0, []) if a.fresh else restore_all(chains, a.out)
     header: dict[str, Any] = {
         "kind": "margin-eps",
+        "note": a.note,
         **run_header("eval" if hasattr(a, "func") else "eval.margin", sys.argv[1:]),
         "versions": versions(),
         "settings": {
