@@ -26,7 +26,9 @@ from eval.servers import Server
 from sglang_ssd.models import DRAFT_MODEL, TARGET_MODEL, model_path
 from sglang_ssd.testing import check_greedy
 
-pytestmark = pytest.mark.integration
+# `burst`: not yet run on this machine (written while the CPUs were shared by other runs), so
+# `make test` deselects it (pyproject's addopts); run it with `pytest -m burst`.
+pytestmark = [pytest.mark.integration, pytest.mark.burst]
 
 BURST = 32
 NEW_TOKENS = 64
@@ -89,6 +91,6 @@ def test_a_burst_of_32_requests_never_restarts_the_speculator(
     assert stats["restarts"] == 0 and stats["faults"] == 0, stats
     assert all(r["meta_info"]["finish_reason"] is not None for r in results)
     got = [r["output_ids"] for r in results]
-    _, violations = check_greedy(pair[0], prompts, ar_outputs, got)
-    assert not violations, violations
+    check = check_greedy(pair[0], prompts, ar_outputs, got)
+    assert not check.violations, check.violations
     assert abs(after - before) <= HIT_RATE_TOLERANCE, (before, after, stats["speculator"])
