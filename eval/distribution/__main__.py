@@ -11,6 +11,7 @@ run    the full-size check against real tiny servers it starts itself (AR, then 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -68,6 +69,7 @@ def cmd_run(a: argparse.Namespace, argv: Sequence[str]) -> int:
         a.log_dir,
         run_header("eval.distribution", argv),
         progress=lambda line: print(line, flush=True),
+        resume=a.resume,
     )
     print(f"verdict: {results['verdict']}\nwrote {out}")
     return 0 if results["verdict"] == "pass" else 1
@@ -96,10 +98,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--out", type=Path, help="results JSON (default eval/results/distribution-full.json)"
     )
     p.add_argument("--log-dir", type=Path, default=LOGS / "distribution", help="server logs")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the configurations --out already holds at this size, sample the others",
+    )
     p.set_defaults(func=cmd_run)
 
     a = parser.parse_args(argv)
     torch.set_num_threads(1)
+    # SIGTERM must unwind like Ctrl-C, so that the servers' context managers stop them.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     return a.func(a, argv)
 
 

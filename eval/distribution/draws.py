@@ -9,7 +9,7 @@ servers on two cores slow each other down several-fold. Every request is a batch
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -162,17 +162,19 @@ def draw_ssd(
     logs: Path,
     samples_per_prompt: int,
     done: Callable[[str, Draws], None] = lambda name, draws: None,
+    names: Collection[str] = tuple(SSD_CONFIGS),
 ) -> dict[str, Draws]:
-    """Draws of every `SSD_CONFIGS` setting: one server switched live (one server per setting
-    if it has no admin endpoint); `done` is called after each setting."""
+    """Draws of the `SSD_CONFIGS` settings in `names`: one server switched live (one server per
+    setting if it has no admin endpoint); `done` is called after each setting."""
+    wanted = {name: settings for name, settings in SSD_CONFIGS.items() if name in names}
     out: dict[str, Draws] = {}
     with ssd_server("ssd", target_dir, draft_dir, logs) as server:
-        for name, settings in SSD_CONFIGS.items():
+        for name, settings in wanted.items():
             if not configure(server, settings):
                 break
             out[name] = draw(server, samples_per_prompt)
             done(name, out[name])
-    for name, settings in SSD_CONFIGS.items():
+    for name, settings in wanted.items():
         if name not in out:
             flags = ["--ssd-beta", str(settings["beta"]), "--ssd-backup", settings["backup"]]
             with ssd_server(name, target_dir, draft_dir, logs, *flags) as server:

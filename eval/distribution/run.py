@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from eval.distribution.draws import CONFIGS, NEW_TOKENS, Draws, draw_ar, draw_ssd
-from eval.distribution.power import broken_rejection_rates, power_row
+from eval.distribution.draws import CONFIGS, NEW_TOKENS, SSD_CONFIGS, Draws, draw_ar, draw_ssd
+from eval.distribution.power import PowerRow, broken_rejection_rates, power_row
 from eval.distribution.reference import Cells
 from eval.distribution.statistic import ChiSquareResult, chi_square, total_variation
 from eval.distribution.tiny_pair import BROKEN, PROMPTS, Pair, prepare_pair, speculative_samples
@@ -95,6 +95,35 @@ def verdict(results: dict[str, Any]) -> str:
     return "pass" if passed and controls and set(configurations) == set(CONFIGS) else "fail"
 
 
+def power_and_controls(
+    pair: Pair, samples_per_prompt: int, compare_sizes: Sequence[int]
+) -> dict[str, Any]:
+    """The power table (at `samples_per_prompt` and `compare_sizes`), the broken verifiers'
+    rejection rates and the negative controls, all at the run's size (seeded)."""
+    sizes = sorted({*compare_sizes, samples_per_prompt})
+    return {
+        "power": [asdict(power_row(pair.cells, n)) for n in sizes],
+        "broken_rejection_rates": broken_rejection_rates(
+            pair.cells, list(BROKEN), samples_per_prompt
+        ),
+        "negative_controls": controls_json(pair, samples_per_prompt),
+    }
+
+
+def _earlier(out: Path, samples_per_prompt: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Configurations already sampled at this size in `out`, and the headers of those runs."""
+    if not out.exists():
+        return {}, []
+    previous = json.loads(out.read_text())
+    if previous.get("samples_per_prompt") != samples_per_prompt:
+        raise ValueError(f"{out} holds {previous.get('samples_per_prompt')} samples per prompt")
+    header = {k: previous[k] for k in ("command", "date", "git") if k in previous}
+    configurations = previous.get("configurations", {})
+    for entry in configurations.values():
+        entry.setdefault("date", header.get("date"))
+    return configurations, [*previous.get("earlier_runs", []), header]
+
+
 def run(
     samples_per_prompt: int,
     compare_sizes: Sequence[int],
@@ -102,42 +131,40 @@ def run(
     logs: Path,
     header: dict[str, Any],
     progress: Callable[[str], None] = print,
+    resume: bool = False,
 ) -> dict[str, Any]:
-    """Build the pair, compute the power table (at `samples_per_prompt` and `compare_sizes`),
-    run the negative controls, then sample every configuration; `out` is rewritten after each
-    step (status "running", then "done")."""
+    """Build the pair, compute `power_and_controls`, then sample every configuration (with
+    `resume`, only those `out` does not hold yet at this size); `out` is rewritten after each
+    step (status "running", then "done"). Each configuration records the date of its run."""
     logs.mkdir(parents=True, exist_ok=True)
-    results: dict[str, Any] = {
-        **header,
-        "status": "running",
-        "samples_per_prompt": samples_per_prompt,
-    }
+    configurations, earlier = _earlier(out, samples_per_prompt) if resume else ({}, [])
+    results: dict[str, Any] = {**header, "status": "running"}
+    results["samples_per_prompt"] = samples_per_prompt
+    if earlier:
+        results["earlier_runs"] = earlier
 
     def save() -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(results, indent=1, default=_json_default))
 
     def record(name: str, draws: Draws) -> None:
-        results["configurations"][name] = configuration_json(pair.cells, draws)
-        progress(f"{name}: {results['configurations'][name]['chi_square']}")
+        configurations[name] = {**configuration_json(pair.cells, draws), "date": header["date"]}
+        progress(f"{name}: {configurations[name]['chi_square']}")
         save()
 
     with tempfile.TemporaryDirectory() as tmp:
         pair = prepare_pair(Path(tmp), NEW_TOKENS)
-        sizes = sorted({*compare_sizes, samples_per_prompt})
-        rows = [power_row(pair.cells, n) for n in sizes]
-        for row in rows:
-            progress(str(row))
-        results["power"] = [asdict(row) for row in rows]
-        results["broken_rejection_rates"] = broken_rejection_rates(
-            pair.cells, list(BROKEN), samples_per_prompt
-        )
-        results["negative_controls"] = controls_json(pair, samples_per_prompt)
+        results.update(power_and_controls(pair, samples_per_prompt, compare_sizes))
+        for row in results["power"]:
+            progress(str(PowerRow(**row)))
         progress(f"negative controls: {results['negative_controls']}")
-        results["configurations"] = {}
+        results["configurations"] = configurations
         save()
-        record("ar", draw_ar(pair.target_dir, logs, samples_per_prompt))
-        draw_ssd(pair.target_dir, pair.draft_dir, logs, samples_per_prompt, record)
+        if "ar" not in configurations:
+            record("ar", draw_ar(pair.target_dir, logs, samples_per_prompt))
+        missing = [name for name in SSD_CONFIGS if name not in configurations]
+        if missing:
+            draw_ssd(pair.target_dir, pair.draft_dir, logs, samples_per_prompt, record, missing)
     results["verdict"] = verdict(results)
     results["status"] = "done"
     save()
