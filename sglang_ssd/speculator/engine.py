@@ -249,9 +249,10 @@ class SpeculatorEngine:
         if need:
             self._prefill(need, self.prefill_chunk_tokens)
             ready = [s for s in need if s.backlog == 0]
+            pool_full = self._pool_free() == 0  # else the chunk's budget ran out first
             for s in need:
                 if s.backlog:
-                    self._degrade(s, backup, depth, pool_full=self._pool_free() < s.backlog)
+                    self._degrade(s, backup, depth, pool_full)
             if backup == "jit":
                 # A jit draft feeds the unfed committed tokens (the root) and d_1 .. d_{D-1}.
                 needs = [len(s.committed) - s.num_fed + depth - 1 for s in ready]

@@ -1,8 +1,9 @@
 """A speculator KV pool far too small for the load, on real tiny-pair servers (issue #11, item 7).
 
 An SSD server whose speculator holds only `POOL` KV tokens (`--ssd-draft-kv-tokens`) serves 8
-concurrent greedy requests that need several times that. The requests that do not fit draft by
-n-gram for those rounds, the others as usual: every output equals the autoregressive server's,
+concurrent greedy requests that need several times that, with jit drafts for every cache miss.
+The requests whose prefill, jit draft or branches do not fit draft by n-gram (or miss the cache)
+for those rounds, the others as usual: every output equals the autoregressive server's,
 the speculator never faults or restarts, `/ssd/stats` counts the exhaustion, and once the
 requests are done the speculator holds no request and no KV slot.
 """
@@ -44,7 +45,8 @@ def servers(tiny_target: Path, tiny_draft: Path, tmp_path_factory: pytest.TempPa
     spec = ["--speculative-draft-model-path", str(tiny_draft), "--speculative-algorithm", "SSD"]
     configs = {
         "ar": [*common, "--speculative-algorithm", "NONE"],
-        "ssd": [*common, *spec, "--ssd-draft-kv-tokens", str(POOL)],
+        # jit for every miss (auto would pick n-gram at this batch size): jit drafts need slots
+        "ssd": [*common, *spec, "--ssd-draft-kv-tokens", str(POOL), "--ssd-backup", "jit"],
     }
     with contextlib.ExitStack() as stack:
         yield {
