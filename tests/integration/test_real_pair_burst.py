@@ -20,10 +20,9 @@ from pathlib import Path
 
 import pytest
 import requests
+from real_pair import humaneval_ids, real_pair
 
-from eval.datasets import HUMANEVAL, load_prompts, load_tokenizer
 from eval.servers import Server
-from sglang_ssd.models import DRAFT_MODEL, TARGET_MODEL, model_path
 from sglang_ssd.testing import check_greedy
 
 # `burst`: not yet run on this machine (written while the CPUs were shared by other runs), so
@@ -39,13 +38,12 @@ TIMEOUT_S = 3600
 
 @pytest.fixture(scope="module")
 def pair() -> tuple[Path, Path]:
-    return model_path(TARGET_MODEL, pull=True), model_path(DRAFT_MODEL, pull=True)
+    return real_pair()
 
 
 @pytest.fixture(scope="module")
 def prompts(pair) -> list[list[int]]:
-    tokenizer = load_tokenizer(pair[0])
-    return [list(p.input_ids) for p in load_prompts(HUMANEVAL, tokenizer, n=BURST)]
+    return humaneval_ids(pair[0], BURST)
 
 
 def _generate(server: Server, ids: list[int]) -> dict:

@@ -11,12 +11,12 @@ requests are done the speculator holds no request and no KV slot.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import contextlib
 import time
 from pathlib import Path
 
 import pytest
 import requests
+from pair_servers import ar_and_ssd
 
 from eval.servers import Server
 
@@ -37,22 +37,10 @@ SETTLE_S = 60.0  # hang guard for the speculator to drop finished requests, not 
 
 @pytest.fixture(scope="module")
 def servers(tiny_target: Path, tiny_draft: Path, tmp_path_factory: pytest.TempPathFactory):
-    logs = tmp_path_factory.mktemp("pool-logs")
-    common = [
-        *("--model-path", str(tiny_target), "--max-total-tokens", "4096", "--dtype", "float32"),
-        "--skip-server-warmup",
-    ]
-    spec = ["--speculative-draft-model-path", str(tiny_draft), "--speculative-algorithm", "SSD"]
-    configs = {
-        "ar": [*common, "--speculative-algorithm", "NONE"],
-        # jit for every miss (auto would pick n-gram at this batch size): jit drafts need slots
-        "ssd": [*common, *spec, "--ssd-draft-kv-tokens", str(POOL), "--ssd-backup", "jit"],
-    }
-    with contextlib.ExitStack() as stack:
-        yield {
-            name: stack.enter_context(Server(name, args, log_path=logs / f"{name}.log"))
-            for name, args in configs.items()
-        }
+    # jit for every miss (auto would pick n-gram at this batch size): jit drafts need slots too
+    flags = ["--ssd-draft-kv-tokens", str(POOL), "--ssd-backup", "jit"]
+    with ar_and_ssd(tiny_target, tiny_draft, tmp_path_factory.mktemp("pool-logs"), flags) as made:
+        yield made
 
 
 def _greedy(server: Server, prompt: str) -> list[int]:
