@@ -20,6 +20,7 @@ that have already imported SGLang's scheduler (the scheduler subprocess).
 | `Scheduler.__init__` | AFTER | start the admin bridge thread |
 | `Scheduler.get_output_streamer_class` | AROUND | emit per-request SSD counts |
 | `SchedulerMetricsReporter.report_decode_stats` | AROUND | decode log line, gauges |
+| `Req.update_finish_state` | AROUND | a run finishes at its first stop, as plain decoding would |
 """
 
 from __future__ import annotations
@@ -30,7 +31,13 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from sglang_ssd.integration import admin, request_checks, request_metrics, scheduler_metrics
+from sglang_ssd.integration import (
+    admin,
+    finish_order,
+    request_checks,
+    request_metrics,
+    scheduler_metrics,
+)
 from sglang_ssd.integration.registration import is_ssd
 
 logger = logging.getLogger(__name__)
@@ -140,6 +147,11 @@ def install() -> None:
             (
                 f"{reporter}.SchedulerMetricsReporter.report_decode_stats",
                 scheduler_metrics.report_decode_stats,
+                HookType.AROUND,
+            ),
+            (
+                "sglang.srt.managers.schedule_batch.Req.update_finish_state",
+                finish_order.update_finish_state,
                 HookType.AROUND,
             ),
         ]

@@ -148,6 +148,16 @@ SIGNATURES: list[tuple[str, list[str]]] = [
         ["self", "reqs"],
     ),
     ("sglang.srt.entrypoints.http_server._create_error_response", ["e"]),
+    # integration/finish_order.py: the hooked finish check and the stop-token rule it reuses.
+    (
+        "sglang.srt.managers.schedule_batch.Req.update_finish_state",
+        ["self", "new_accepted_len"],
+    ),
+    (
+        "sglang.srt.managers.schedule_batch.Req._check_token_based_finish",
+        ["self", "new_accepted_tokens"],
+    ),
+    ("sglang.srt.runtime_context.get_server_args", []),
 ]
 
 

@@ -8,6 +8,9 @@ tokens, it lands at every offset of the blocks SSD accepts:
 - `length`: `max_new_tokens = n`;
 - `eos`: the target's EOS (`~`, the line break, added in its generation config); the prompt is
   a base prompt plus its first greedy tokens, so that the first `~` is output n;
+- `eos_then_stop_str`: the same, plus a stop string that completes one token after the EOS
+  (the EOS and the token after it): plain decoding stops at the EOS, and so must SSD when both
+  land in one accepted run (SGLang alone would report the stop string; `finish_order`);
 - `stop_token_id`: `stop_token_ids = [the id emitted at n]` (its first occurrence);
 - `stop_str`: `stop = [the shortest decoded tail ending at n not seen before]`;
 - `stop_regex`: `stop_regex`, that tail with its last character as a class;
@@ -64,7 +67,15 @@ BASE_PROMPTS = (
     "def search_name(",
     "a small cache",
 )
-KINDS = ("length", "eos", "stop_token_id", "stop_str", "stop_regex", "stop_regex_end")
+KINDS = (
+    "length",
+    "eos",
+    "eos_then_stop_str",
+    "stop_token_id",
+    "stop_str",
+    "stop_regex",
+    "stop_regex_end",
+)
 
 
 @dataclass(frozen=True)
@@ -132,18 +143,20 @@ def reference(servers: dict[str, Server]) -> dict[str, list[int]]:
     return {p: out["output_ids"] for p, out in zip(BASE_PROMPTS, outputs, strict=True)}
 
 
-def _eos_prompts(reference: dict[str, list[int]], tokenizer: Any) -> list[tuple[str, int]]:
-    """(prompt, n): a base prompt extended by its first greedy tokens so that its first
-    `~` is output n, for every n ≤ MAX_POSITION the base allows."""
+def _eos_prompts(reference: dict[str, list[int]], tokenizer: Any) -> list[tuple[str, int, str]]:
+    """(prompt, n, after): a base prompt extended by its first greedy tokens so that its first
+    `~` is output n, for every n ≤ MAX_POSITION the base allows; `after` is the decoded text of
+    that `~` and the token after it (a stop string that completes one token past the EOS)."""
     prompts = []
     for base in BASE_PROMPTS:
         ids = reference[base]
-        if EOS_ID not in ids:
+        if EOS_ID not in ids[:-1]:
             continue
         first = ids.index(EOS_ID)
+        after = tokenizer.decode(ids[first : first + 2])
         for n in range(1, min(MAX_POSITION, first + 1) + 1):
             prefix = "".join(tokenizer.convert_ids_to_tokens(ids[: first + 1 - n]))
-            prompts.append((base + prefix, n))
+            prompts.append((base + prefix, n, after))
     return prompts
 
 
@@ -180,13 +193,17 @@ def _stop_sampling(kind: str, ids: list[int], n: int, tokenizer: Any) -> dict | 
 
 def _cases(kind: str, reference: dict[str, list[int]], tokenizer: Any) -> list[Case]:
     eos_prompts = _eos_prompts(reference, tokenizer)
-    if kind == "eos":
-        return [Case(kind, p, n, {"max_new_tokens": MAX_POSITION + 6}) for p, n in eos_prompts]
+    if kind in ("eos", "eos_then_stop_str"):
+        limit = {"max_new_tokens": MAX_POSITION + 6}
+        return [
+            Case(kind, p, n, {**limit, "stop": [after]} if kind != "eos" else limit)
+            for p, n, after in eos_prompts
+        ]
     if kind == "length":
         # Every position of the base prompts; for the EOS prompts, the positions whose rounds
         # locate the one holding their EOS (the previous round ends at most γ + 1 before it).
         spans = [(p, range(1, MAX_POSITION + 1)) for p in BASE_PROMPTS]
-        spans += [(p, range(max(1, n - GAMMA - 1), n + 1)) for p, n in eos_prompts]
+        spans += [(p, range(max(1, n - GAMMA - 1), n + 1)) for p, n, _ in eos_prompts]
         return [
             Case(kind, p, n, {"max_new_tokens": n, "ignore_eos": True})
             for p, positions in spans
