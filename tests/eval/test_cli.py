@@ -25,7 +25,7 @@ COMMANDS = [
 ]
 
 
-@pytest.mark.parametrize(("module", "argv"), COMMANDS, ids=lambda x: " ".join(x))
+@pytest.mark.parametrize(("module", "argv"), COMMANDS, ids=[" ".join([m, *a]) for m, a in COMMANDS])
 def test_help(module: str, argv: list[str], capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as done:
         importlib.import_module(module).main(argv)
