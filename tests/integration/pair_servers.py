@@ -1,10 +1,11 @@
-"""An autoregressive and an SSD server on one target, started side by side (test helper)."""
+"""Servers started side by side: any set of them, or an AR and an SSD server on one target
+(test helper)."""
 
 from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from eval.servers import Server
@@ -28,9 +29,20 @@ def ar_and_ssd(
         "ar": Server("ar", [*common, "--speculative-algorithm", "NONE"], log_path=logs / "ar.log"),
         "ssd": Server("ssd", [*common, *spec, *ssd_flags], log_path=logs / "ssd.log"),
     }
+    with started(made):
+        yield made
+
+
+@contextlib.contextmanager
+def started(made: Mapping[str, Server]) -> Iterator[Mapping[str, Server]]:
+    """`made`'s servers started side by side (their start-ups overlap), all stopped on exit.
+
+    Raises:
+        eval.servers.ServerError: if any fails to start (the others are stopped too).
+    """
     with contextlib.ExitStack() as stack:
         for server in made.values():
             stack.callback(server.stop)
-        with cf.ThreadPoolExecutor(2) as pool:
+        with cf.ThreadPoolExecutor(len(made)) as pool:
             list(pool.map(Server.start, made.values()))
         yield made

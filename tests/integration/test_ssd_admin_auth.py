@@ -1,5 +1,5 @@
 """`/ssd/config` and `/ssd/stats` under each API-key setting, and fan-out the speculator cannot
-hold (issue #11, item 9), on tiny-pair SSD servers: one per key setting, one at a time.
+hold (issue #11, item 9), on tiny-pair SSD servers: one per key setting, started together.
 
 The SSD routes carry SGLang 0.5.23's `ADMIN_OPTIONAL` auth level (`sglang/srt/utils/auth.py`,
 `decide_request_auth`), the same for GET and POST:
@@ -18,10 +18,12 @@ use (the live bound, which the speculator's KV pool sets too: `config.fanout_bud
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import requests
+from pair_servers import started
 
 from eval.servers import Server
 
@@ -63,20 +65,32 @@ class KeyedServer:
         assert status == 200 and len(out["output_ids"]) == 2, out
 
 
-@pytest.fixture(scope="module", params=list(KEYS))
-def keyed(request, tiny_target: Path, tiny_draft: Path, tmp_path_factory) -> KeyedServer:
-    setting = request.param
+def _server(setting: str, target: Path, draft: Path, logs: Path) -> Server:
     api_key, admin_key = KEYS[setting]
     args = [
-        *("--model-path", str(tiny_target), "--dtype", "float32", "--max-total-tokens", "2048"),
+        *("--model-path", str(target), "--dtype", "float32", "--max-total-tokens", "2048"),
         "--skip-server-warmup",
-        *("--speculative-algorithm", "SSD", "--speculative-draft-model-path", str(tiny_draft)),
+        *("--speculative-algorithm", "SSD", "--speculative-draft-model-path", str(draft)),
         *(("--api-key", api_key) if api_key else ()),
         *(("--admin-api-key", admin_key) if admin_key else ()),
     ]
-    log = tmp_path_factory.mktemp(f"auth-{setting}") / "server.log"
-    with Server(f"ssd-{setting}", args, log_path=log) as server:
-        yield KeyedServer(setting, server)
+    return Server(f"ssd-{setting}", args, log_path=logs / f"{setting}.log")
+
+
+@pytest.fixture(scope="module")
+def servers(
+    tiny_target: Path, tiny_draft: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, KeyedServer]]:
+    """One tiny SSD server per key setting, started side by side (their start-ups overlap)."""
+    logs = tmp_path_factory.mktemp("auth-logs")
+    made = {setting: _server(setting, tiny_target, tiny_draft, logs) for setting in KEYS}
+    with started(made):
+        yield {setting: KeyedServer(setting, server) for setting, server in made.items()}
+
+
+@pytest.fixture(params=list(KEYS))
+def keyed(request: pytest.FixtureRequest, servers: dict[str, KeyedServer]) -> KeyedServer:
+    return servers[request.param]
 
 
 def test_ssd_routes_follow_admin_optional(keyed: KeyedServer) -> None:
