@@ -16,14 +16,14 @@ request and met the same wall, and SSD silently stayed on n-gram drafts. Now:
 from __future__ import annotations
 
 import concurrent.futures as cf
-from pathlib import Path
 
 import pytest
 import requests
-from real_pair import humaneval_ids, real_pair
 
 from eval.servers import Server
 from sglang_ssd.testing import check_greedy
+
+from .pair import humaneval_ids
 
 # `burst`: not yet run on this machine (written while the CPUs were shared by other runs), so
 # `make test` deselects it (pyproject's addopts); run it with `pytest -m burst`.
@@ -34,11 +34,6 @@ NEW_TOKENS = 64
 PROBES = 4
 HIT_RATE_TOLERANCE = 0.1
 TIMEOUT_S = 3600
-
-
-@pytest.fixture(scope="module")
-def pair() -> tuple[Path, Path]:
-    return real_pair()
 
 
 @pytest.fixture(scope="module")

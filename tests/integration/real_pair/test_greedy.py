@@ -14,32 +14,25 @@ from __future__ import annotations
 
 import gc
 import os
-from pathlib import Path
 
 import psutil
 import pytest
 import requests
 import torch
 
-from eval.datasets import HUMANEVAL, load_prompts, load_tokenizer
 from eval.lossless import continuation
 from eval.servers import Server
-from sglang_ssd.models import DRAFT_MODEL, TARGET_MODEL, model_path
 from sglang_ssd.testing import check_greedy
 from sglang_ssd.testing.greedy import GreedyCheck
+
+from .pair import humaneval_ids
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def pair() -> tuple[Path, Path]:
-    return model_path(TARGET_MODEL, pull=True), model_path(DRAFT_MODEL, pull=True)
-
-
-@pytest.fixture(scope="module")
 def prompts(pair) -> list[list[int]]:
-    tokenizer = load_tokenizer(pair[0])
-    return [list(p.input_ids) for p in load_prompts(HUMANEVAL, tokenizer, n=3)]
+    return humaneval_ids(pair[0], 3)
 
 
 @pytest.fixture(scope="module")
@@ -56,15 +49,6 @@ def transformers_greedy(pair, prompts) -> list[list[int]]:
     del model
     gc.collect()
     return outputs
-
-
-@pytest.fixture(scope="module")
-def ar_server(pair, transformers_greedy, tmp_path_factory):
-    log = tmp_path_factory.mktemp("logs") / "ar.log"
-    with Server(
-        "ar", ["--model-path", str(pair[0]), "--speculative-algorithm", "NONE"], log_path=log
-    ) as server:
-        yield server
 
 
 def _greedy(server: Server, prompts: list[list[int]], n: int) -> list[dict]:
@@ -93,30 +77,20 @@ def test_ar_server_matches_transformers_greedy(pair, prompts, transformers_greed
     assert not check.violations, check.violations
 
 
-def test_ssd_greedy_matches_ar_and_speculates(pair, prompts, ar_server, tmp_path_factory):
+def test_ssd_greedy_matches_ar_and_speculates(pair, prompts, ar_server, ssd_server):
     expected = [r["output_ids"] for r in _greedy(ar_server, prompts, 64)]
-    log = tmp_path_factory.mktemp("logs") / "ssd.log"
-    args = [
-        "--model-path",
-        str(pair[0]),
-        "--speculative-draft-model-path",
-        str(pair[1]),
-        "--speculative-algorithm",
-        "SSD",
+    results = _greedy(ssd_server, prompts, 64)
+    stats = requests.get(f"{ssd_server.url}/ssd/stats", timeout=60).json()
+    launcher = psutil.Process(ssd_server.proc.pid)
+    speculators = [
+        p
+        for p in launcher.children(recursive=True)
+        if "sglang_ssd.speculator" in " ".join(p.cmdline())
     ]
-    with Server("ssd", args, log_path=log) as ssd:
-        results = _greedy(ssd, prompts, 64)
-        stats = requests.get(f"{ssd.url}/ssd/stats", timeout=60).json()
-        launcher = psutil.Process(ssd.proc.pid)
-        speculators = [
-            p
-            for p in launcher.children(recursive=True)
-            if "sglang_ssd.speculator" in " ".join(p.cmdline())
-        ]
-        assert len(speculators) == 1, "the speculator must be its own process"
-        scheduler = speculators[0].parent()
-        target_cpus = set(os.sched_getaffinity(scheduler.pid))
-        draft_cpus = set(os.sched_getaffinity(speculators[0].pid))
+    assert len(speculators) == 1, "the speculator must be its own process"
+    scheduler = speculators[0].parent()
+    target_cpus = set(os.sched_getaffinity(scheduler.pid))
+    draft_cpus = set(os.sched_getaffinity(speculators[0].pid))
     got = [r["output_ids"] for r in results]
     check = check_greedy(pair[0], prompts, expected, got, continue_ar=continuation(ar_server.url))
     _report("SSD vs AR", check)

@@ -1,0 +1,48 @@
+"""The package's shared servers: the real target served autoregressively (`ar_server`) and by SSD
+with default flags (`ssd_server`), each started on first use and stopped after the package."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from eval.servers import Server
+
+from .pair import real_pair
+
+
+@pytest.fixture(scope="package")
+def pair() -> tuple[Path, Path]:
+    """(target, draft) model folders, pulled when absent."""
+    return real_pair()
+
+
+@pytest.fixture(scope="package")
+def ar_server(
+    pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    """The target alone (`--speculative-algorithm NONE`), greedy reference for every test."""
+    log = tmp_path_factory.mktemp("real-pair-logs") / "ar.log"
+    args = ["--model-path", str(pair[0]), "--speculative-algorithm", "NONE"]
+    with Server("ar", args, log_path=log) as server:
+        yield server
+
+
+@pytest.fixture(scope="package")
+def ssd_server(
+    pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    """SSD with the launcher's defaults: the speculator in its own process on its own cores."""
+    log = tmp_path_factory.mktemp("real-pair-logs") / "ssd.log"
+    args = [
+        "--model-path",
+        str(pair[0]),
+        "--speculative-draft-model-path",
+        str(pair[1]),
+        "--speculative-algorithm",
+        "SSD",
+    ]
+    with Server("ssd", args, log_path=log) as server:
+        yield server
