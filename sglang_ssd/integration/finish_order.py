@@ -17,20 +17,19 @@ decoding, and one that completes after it cannot. SGLang's rules decide what a s
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 from sglang_ssd.integration.registration import is_ssd
 
-_SERVES_SSD: list[bool] = []  # the server's algorithm, read once per process
 
-
+@functools.cache
 def _serves_ssd() -> bool:
-    if not _SERVES_SSD:
-        from sglang.srt.runtime_context import get_server_args
+    """Whether this process's server runs SSD (read once per process)."""
+    from sglang.srt.runtime_context import get_server_args
 
-        _SERVES_SSD.append(is_ssd(getattr(get_server_args(), "speculative_algorithm", None)))
-    return _SERVES_SSD[0]
+    return is_ssd(getattr(get_server_args(), "speculative_algorithm", None))
 
 
 def first_stop_token_end(req: Any, new_accepted_len: int) -> int | None:

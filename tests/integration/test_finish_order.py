@@ -31,7 +31,7 @@ def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 @pytest.fixture
 def serves_ssd(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(finish_order, "_SERVES_SSD", [True])
+    monkeypatch.setattr(finish_order, "_serves_ssd", lambda: True)
 
 
 def _req(tokenizer: Any, output: str, **sampling: Any) -> Any:
@@ -113,7 +113,7 @@ def test_other_algorithms_keep_sglangs_order(
 ) -> None:
     from sglang.srt.managers.schedule_batch import Req
 
-    monkeypatch.setattr(finish_order, "_SERVES_SSD", [False])
+    monkeypatch.setattr(finish_order, "_serves_ssd", lambda: False)
     req = _req(tokenizer, "za~bcd", stop=["b c"])
     finish_order.update_finish_state(Req.update_finish_state, req, 4)
     assert _finish(req) == ("FINISH_MATCHED_STR", "b c", 5)

@@ -7,11 +7,21 @@ from pathlib import Path
 from typing import Any
 
 from sglang_ssd.testing import check_greedy
+from sglang_ssd.testing.greedy import GreedyCheck
 
 
 def _fields(response: dict[str, Any]) -> tuple[Any, ...]:
     meta = response["meta_info"]
     return response["text"], meta["finish_reason"], meta["completion_tokens"]
+
+
+def report_divergences(label: str, check: GreedyCheck) -> None:
+    """Print each allowed divergence of `check` with its fp32 top-2 margin."""
+    for i, item in enumerate(check.prompts):
+        for d in item.divergences:
+            print(
+                f"{label}: item {i} allowed divergence at token {d.index} (margin {d.margin:.3f})"
+            )
 
 
 def assert_greedy_same(
@@ -31,9 +41,8 @@ def assert_greedy_same(
     check = check_greedy(
         model_dir, prompts, [e["output_ids"] for e in expected], [g["output_ids"] for g in got]
     )
+    report_divergences("SSD vs AR", check)
     assert not check.violations, check.violations
     for i, (item, e, g) in enumerate(zip(check.prompts, expected, got, strict=True)):
         if item.identical:
             assert _fields(g) == _fields(e), (i, _fields(e), _fields(g))
-        for d in item.divergences:
-            print(f"item {i}: allowed divergence at token {d.index} (fp32 margin {d.margin:.3f})")

@@ -23,9 +23,9 @@ import torch
 from eval.lossless import continuation
 from eval.servers import Server
 from sglang_ssd.testing import check_greedy
-from sglang_ssd.testing.greedy import GreedyCheck
 
 from .pair import humaneval_ids
+from .same_output import report_divergences
 
 pytestmark = pytest.mark.integration
 
@@ -61,19 +61,10 @@ def _greedy(server: Server, prompts: list[list[int]], n: int) -> list[dict]:
     return out
 
 
-def _report(label: str, check: GreedyCheck) -> None:
-    for i, prompt in enumerate(check.prompts):
-        for d in prompt.divergences:
-            print(
-                f"{label}: prompt {i} allowed divergence at token {d.index} "
-                f"(fp32 top-2 margin {d.margin:.3f})"
-            )
-
-
 def test_ar_server_matches_transformers_greedy(pair, prompts, transformers_greedy, ar_server):
     got = [r["output_ids"] for r in _greedy(ar_server, prompts, 32)]
     check = check_greedy(pair[0], prompts, transformers_greedy, got)
-    _report("AR vs transformers", check)
+    report_divergences("AR vs transformers", check)
     assert not check.violations, check.violations
 
 
@@ -93,7 +84,7 @@ def test_ssd_greedy_matches_ar_and_speculates(pair, prompts, ar_server, ssd_serv
     draft_cpus = set(os.sched_getaffinity(speculators[0].pid))
     got = [r["output_ids"] for r in results]
     check = check_greedy(pair[0], prompts, expected, got, continue_ar=continuation(ar_server.url))
-    _report("SSD vs AR", check)
+    report_divergences("SSD vs AR", check)
     assert not check.violations, check.violations
     assert check.checked == check.total
     assert target_cpus and draft_cpus and not target_cpus & draft_cpus

@@ -192,15 +192,7 @@ def test_a_batch_repeating_one_prompt_gives_each_item_its_solo_output(
     assert any(r["meta_info"]["cached_tokens"] > 0 for r in batch), batch  # radix hits
 
 
-def _load(server: Server) -> dict[str, float]:
-    """What must return to its baseline once no request is left: see `_SETTLED`."""
-    stats = requests.get(f"{server.url}/ssd/stats", timeout=60).json()
-    return {k: stats[k] for k in ("target_running", "target_waiting")} | {
-        k: stats["speculator"][k] for k in _SPECULATOR_KEYS
-    }
-
-
-_SPECULATOR_KEYS = (
+SPECULATOR_KEYS = (
     "open_requests",
     "prefilling_requests",
     "kv_slots_used",
@@ -208,6 +200,15 @@ _SPECULATOR_KEYS = (
     "target_pending",
     "target_tracked",
 )
+
+
+def _load(server: Server) -> dict[str, float]:
+    """What must return to its baseline once no request is left: the scheduler's running and
+    waiting requests and the speculator's `SPECULATOR_KEYS`."""
+    stats = requests.get(f"{server.url}/ssd/stats", timeout=60).json()
+    return {k: stats[k] for k in ("target_running", "target_waiting")} | {
+        k: stats["speculator"][k] for k in SPECULATOR_KEYS
+    }
 
 
 def _close_after_first_chunk(server: Server, i: int) -> None:
