@@ -7,6 +7,7 @@ and SGLang imports it from multimodal modules that text models never call. Idemp
 from __future__ import annotations
 
 import importlib.util
+import sys
 import sysconfig
 from pathlib import Path
 
@@ -19,6 +20,9 @@ def main() -> None:
     placeholders = (Path(__file__).resolve().parent.parent / "patches" / "placeholders").resolve()
     if pth.exists():
         pth.unlink()
+    # This interpreter read the old .pth at start-up: look for torchvision without it, or the
+    # placeholder would pass for a real torchvision and a reinstall would drop the .pth.
+    sys.path[:] = [p for p in sys.path if Path(p).resolve() != placeholders]
     importlib.invalidate_caches()
     if importlib.util.find_spec("torchvision") is not None:
         print("[placeholders] real torchvision present; no placeholder")
