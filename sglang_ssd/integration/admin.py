@@ -75,11 +75,17 @@ def scheduler_load(scheduler: Any) -> dict[str, float]:
 
 
 def stats(worker: Any, scheduler: Any = None) -> dict[str, Any]:
-    """Per-round averages on both sides, cache hit rate, backup rounds, faults and restarts, the
+    """Per-round averages on both sides (and by phase: `target_phases`, `speculator_phases`,
+    `t_p`), cache hit rate, backup rounds, faults and restarts, the
     miss policy's b* (`fallback`), the speculator's and the client's counters (`speculator`)
     and, given the `scheduler`, its running and waiting requests."""
     out: dict[str, Any] = _timer_summary(worker.timer)
-    for prefix, key in (("source_", "rounds_by_source"), ("accepted_", "accepted_by_source")):
+    groups = (
+        ("source_", "rounds_by_source"),
+        ("accepted_", "accepted_by_source"),
+        ("phase_", "target_phases"),
+    )
+    for prefix, key in groups:
         grouped = {k[len(prefix) :]: v for k, v in out.items() if k.startswith(prefix)}
         out = {k: v for k, v in out.items() if not k.startswith(prefix)}
         out[key] = grouped
@@ -94,6 +100,7 @@ def stats(worker: Any, scheduler: Any = None) -> dict[str, Any]:
         if name in speculator:
             out[name] = speculator[name]
     out["speculator"] = speculator
+    out.update(round_balance(out["target_phases"], worker.provider))
     if scheduler is not None:
         out.update(scheduler_load(scheduler))
     try:
@@ -101,6 +108,21 @@ def stats(worker: Any, scheduler: Any = None) -> dict[str, Any]:
     except Exception as exc:  # the scheduler thread may be updating it: keep the counters
         out["fallback"] = {"error": f"{type(exc).__name__}: {exc}"}
     return out
+
+
+def round_balance(target_phases: dict[str, float], client: Any) -> dict[str, Any]:
+    """The speculator's seconds by phase per round (`speculator_phases`), its round
+    (`speculator_round_s`), the target's round without waiting for drafts (`target_round_s`)
+    and their ratio `t_p`: the speculator keeps up when T_p <= 1 (DESIGN.md §1, Theorem 7)."""
+    phases = dict(client.speculator_phases.means(client.drafts_received))
+    spec_round = sum(phases.values())
+    target_round = sum(v for k, v in target_phases.items() if k != "wait_draft")
+    return {
+        "speculator_phases": phases,
+        "speculator_round_s": spec_round,
+        "target_round_s": target_round,
+        "t_p": spec_round / target_round if target_round > 0 else None,
+    }
 
 
 def fallback(policy: Any) -> dict[str, Any]:

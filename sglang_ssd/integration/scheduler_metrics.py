@@ -3,10 +3,12 @@
 A hook around `SchedulerMetricsReporter.report_decode_stats` computes, on the calls where SGLang
 reports (every `--decode-log-interval` decode rounds), the SSD window since the previous report
 from the worker's `RoundTimer`: cache hit rate, mean wait for drafts and mean verify time per
-round. A logging filter appends them to the "Decode batch ..." line that call logs, and with
-`--enable-metrics` they are set on prometheus_client gauges named ``sglang:ssd_*`` with SGLang's
-labels. Like SGLang's own gauges they use `multiprocess_mode="mostrecent"`, so the main
-process's `/metrics` aggregates them from `PROMETHEUS_MULTIPROC_DIR`.
+round, and T_p: the speculator's round (its three largest phases named) against the target's
+round without the wait (both from `sglang_ssd.phases`). A logging filter appends them to the
+"Decode batch ..." line that call logs, and with `--enable-metrics` they are set on
+prometheus_client gauges named ``sglang:ssd_*`` with SGLang's labels. Like SGLang's own gauges
+they use `multiprocess_mode="mostrecent"`, so the main process's `/metrics` aggregates them from
+`PROMETHEUS_MULTIPROC_DIR`.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sglang_ssd.integration.registration import is_ssd
+from sglang_ssd.phases import largest
 
 DECODE_LOGGER = "sglang.srt.managers.scheduler_components.metrics_reporter"
 GAUGES: dict[str, str] = {
@@ -25,6 +28,9 @@ GAUGES: dict[str, str] = {
     "verify_seconds": "Mean time per SSD round from drafts in hand to verified tokens.",
     "forward_seconds": "Mean time per SSD round of the target's verify forward alone.",
     "backup_rate": "Fraction of SSD request-rounds drafted by a backup (cache miss).",
+    "speculator_round_seconds": "Mean seconds of the speculator's work per Drafts it sent.",
+    "target_round_seconds": "Mean seconds per SSD round of the target's work (no draft wait).",
+    "t_p": "Speculator round / target round: above 1 the target waits for drafts.",
     "speculator_faults": "Speculator faults (timeouts, crashes) since the server started.",
     "speculator_restarts": "Speculator restarts since the server started.",
 }
@@ -40,34 +46,51 @@ class Window:
     wait_draft_s: float = 0.0
     verify_s: float = 0.0
     forward_s: float = 0.0
+    target_busy_s: float = 0.0  # the target's phases except waiting for drafts
+    speculator_rounds: int = 0  # Drafts received
+    speculator_phases: dict[str, float] = field(default_factory=dict)
 
     def values(self) -> dict[str, float]:
         """Per-round means and per-request-round rates (0 for an empty window)."""
         rounds, requests = max(self.rounds, 1), max(self.requests, 1)
+        spec_round = sum(self.speculator_phases.values()) / max(self.speculator_rounds, 1)
+        target_round = self.target_busy_s / rounds
         return {
             "cache_hit_rate": self.hits / requests,
             "backup_rate": (self.requests - self.hits) / requests if self.requests else 0.0,
             "wait_draft_seconds": self.wait_draft_s / rounds,
             "verify_seconds": self.verify_s / rounds,
             "forward_seconds": self.forward_s / rounds,
+            "speculator_round_seconds": spec_round,
+            "target_round_seconds": target_round,
+            "t_p": spec_round / target_round if target_round > 0 else 0.0,
         }
 
     def log_suffix(self) -> str:
         v = self.values()
-        return (
+        suffix = (
             f"ssd hit rate: {v['cache_hit_rate']:.2f}, "
             f"wait draft: {v['wait_draft_seconds'] * 1e3:.1f} ms, "
             f"verify: {v['verify_seconds'] * 1e3:.1f} ms"
         )
+        if self.speculator_rounds and v["target_round_seconds"] > 0:
+            means = {k: x / self.speculator_rounds for k, x in self.speculator_phases.items()}
+            suffix += (
+                f", T_p: {v['t_p']:.2f} (speculator {v['speculator_round_seconds'] * 1e3:.0f} ms:"
+                f" {largest(means)}; target {v['target_round_seconds'] * 1e3:.0f} ms)"
+            )
+        return suffix
 
 
 @dataclass
 class WindowTracker:
-    """Turns the `RoundTimer`'s running totals into windows between reports."""
+    """Turns the `RoundTimer`'s running totals (and the speculator's phases the client summed)
+    into windows between reports."""
 
     last: Window = field(default_factory=Window)
 
-    def take(self, timer: Any) -> Window:
+    def take(self, timer: Any, client: Any = None) -> Window:
+        target = dict(timer.phases.seconds)
         now = Window(
             rounds=timer.rounds,
             requests=timer.requests,
@@ -75,6 +98,9 @@ class WindowTracker:
             wait_draft_s=timer.wait_draft_s,
             verify_s=timer.verify_s,
             forward_s=timer.forward_s,
+            target_busy_s=sum(target.values()) - target.get("wait_draft", 0.0),
+            speculator_rounds=getattr(client, "drafts_received", 0),
+            speculator_phases=dict(client.speculator_phases.seconds) if client else {},
         )
         last, self.last = self.last, now
         return Window(
@@ -84,6 +110,11 @@ class WindowTracker:
             wait_draft_s=now.wait_draft_s - last.wait_draft_s,
             verify_s=now.verify_s - last.verify_s,
             forward_s=now.forward_s - last.forward_s,
+            target_busy_s=now.target_busy_s - last.target_busy_s,
+            speculator_rounds=now.speculator_rounds - last.speculator_rounds,
+            speculator_phases={
+                k: v - last.speculator_phases.get(k, 0.0) for k, v in now.speculator_phases.items()
+            },
         )
 
 
@@ -141,7 +172,7 @@ def report_decode_stats(original: Callable[..., Any], reporter: Any, *args: Any,
         return original(reporter, *args, **kwargs)
     if _state is None:
         _state = DecodeReportState()
-    window = _state.tracker.take(timer)
+    window = _state.tracker.take(timer, getattr(worker, "provider", None))
     _state.filter.suffix = window.log_suffix()
     try:
         return original(reporter, *args, **kwargs)

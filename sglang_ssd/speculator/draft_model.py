@@ -25,6 +25,7 @@ from sglang_ssd_kernels.branch_attention import BranchAttentionPlan, plan_branch
 from transformers import AttentionInterface, AutoModelForCausalLM
 from transformers.masking_utils import AttentionMaskInterface
 
+from sglang_ssd.phases import PhaseTimer
 from sglang_ssd.speculator.kv_pool import KVPool, affordable_slots, available_memory, slot_bytes
 
 ATTN_IMPLEMENTATION = "ssd_paged"
@@ -108,6 +109,8 @@ class DraftModel:
         hf: the transformers model (attention implementation "ssd_paged").
         kv_pool: the model's `KVPool`.
         forward_count: number of `forward` calls so far (one batched model call each).
+        phases: seconds by phase; each `forward` adds its body under its `phase` name and its
+            LM head under ``lm_head``, and the engine adds sampling, lookup, populate, ...
     """
 
     def __init__(self, hf_model: torch.nn.Module, kv_pool: KVPool) -> None:
@@ -122,6 +125,7 @@ class DraftModel:
         self.device = next(hf_model.parameters()).device
         self.dtype = next(hf_model.parameters()).dtype
         self.forward_count = 0
+        self.phases = PhaseTimer()
 
     @classmethod
     def load(
@@ -207,6 +211,7 @@ class DraftModel:
         out_slots: torch.Tensor,
         layout: AttentionLayout,
         logits_rows: torch.Tensor | None = None,
+        phase: str = "forward",
     ) -> torch.Tensor:
         """One batched model call over N query tokens.
 
@@ -220,6 +225,7 @@ class DraftModel:
             layout: the attention layout over N queries.
             logits_rows: int64 [M] rows of the N whose logits are wanted, or None (all N). Only
                 these rows go through the lm_head (V = 151,936 makes it the costliest layer).
+            phase: the name `phases` records the call's body under (``glue``, ``tree_1``, ...).
 
         Returns:
             float32 [M or N, V] logits (computed in the model dtype, then widened). They are
@@ -256,12 +262,14 @@ class DraftModel:
             plan=plan,
         )
         self.forward_count += 1
-        hidden = self.base(
-            input_ids=input_ids.to(device=device, dtype=torch.int64).view(1, n),
-            position_ids=positions.to(device=device, dtype=torch.int64).view(1, n),
-            use_cache=False,
-            **{_CTX_KWARG: ctx},
-        ).last_hidden_state[0]
-        if logits_rows is not None:
-            hidden = hidden.index_select(0, logits_rows.to(device=device, dtype=torch.int64))
-        return self.lm_head(hidden).float()
+        with self.phases.phase(phase):
+            hidden = self.base(
+                input_ids=input_ids.to(device=device, dtype=torch.int64).view(1, n),
+                position_ids=positions.to(device=device, dtype=torch.int64).view(1, n),
+                use_cache=False,
+                **{_CTX_KWARG: ctx},
+            ).last_hidden_state[0]
+        with self.phases.phase("lm_head"):
+            if logits_rows is not None:
+                hidden = hidden.index_select(0, logits_rows.to(device=device, dtype=torch.int64))
+            return self.lm_head(hidden).float()

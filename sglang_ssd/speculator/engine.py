@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from sglang_ssd.config import SSDConfig
+from sglang_ssd.phases import PhaseTimer
 from sglang_ssd.saguaro import NgramSpeculator, RandomSpeculator, SpeculationCache
 from sglang_ssd.speculator.admission import admit, prefill_plan
 from sglang_ssd.speculator.draft_model import DraftModel
@@ -79,6 +80,11 @@ class SpeculatorEngine:
         self.kv_exhausted_builds = 0
         # Drafts served by a backup because the request's prefill was still being chunked in.
         self.prefill_backup_drafts = 0
+
+    @property
+    def phases(self) -> PhaseTimer:
+        """Seconds by phase of this engine's work (the draft model's timer, shared)."""
+        return self.model.phases
 
     # ---------------------------------------------------------------- lifecycle
     def _new_generator(self, seed: int | None = None) -> torch.Generator:
@@ -161,6 +167,10 @@ class SpeculatorEngine:
             The rids whose outcome could not be applied (unknown rid, k larger than the
             outstanding draft, token outside the vocabulary); the caller treats them as missing.
         """
+        with self.phases.phase("lookup"):
+            return self._apply_outcomes(outcomes)
+
+    def _apply_outcomes(self, outcomes: Sequence[OutcomeIn]) -> list[str]:
         failed = []
         for o in outcomes:
             state = self.requests.get(o.rid)
@@ -295,11 +305,12 @@ class SpeculatorEngine:
         for j in range(depth):
             if j == 0:
                 logits = feed_committed(
-                    self.model, states, [len(s.committed) - s.num_fed for s in states]
+                    self.model, states, [len(s.committed) - s.num_fed for s in states], "jit"
                 )
             else:
-                logits = feed_tokens(self.model, states, [t[-1] for t in tokens])
-            sample = sample_drafts(logits, states, [top_m[j]] * len(states), beta, num_cand)
+                logits = feed_tokens(self.model, states, [t[-1] for t in tokens], "jit")
+            with self.phases.phase("sampling"):
+                sample = sample_drafts(logits, states, [top_m[j]] * len(states), beta, num_cand)
             for i in range(len(states)):
                 tokens[i].append(int(sample.tokens[i]))
                 qs[i].append(sample.q[i])

@@ -16,9 +16,10 @@ from sglang_ssd.speculator.state import RequestState
 
 
 def feed_committed(
-    model: DraftModel, states: list[RequestState], counts: list[int]
+    model: DraftModel, states: list[RequestState], counts: list[int], phase: str = "prefill"
 ) -> torch.Tensor:
-    """Feed the next `counts[i]` unfed committed tokens of each state (in one forward).
+    """Feed the next `counts[i]` unfed committed tokens of each state (in one forward, timed
+    as `phase` in `model.phases`).
 
     Returns:
         float32 [S, V], the logits at the last fed token of each of the S states with a count
@@ -49,15 +50,23 @@ def feed_committed(
         [o + seg.tokens.numel() - 1 for o, seg in zip(packed.query_offsets, built, strict=True)]
     )
     logits = model.forward(
-        packed.input_ids, packed.positions, packed.out_slots, packed.layout, logits_rows=last
+        packed.input_ids,
+        packed.positions,
+        packed.out_slots,
+        packed.layout,
+        logits_rows=last,
+        phase=phase,
     )
     for s, seg in zip(fed, built, strict=True):
         s.slots = torch.cat([s.slots, seg.out_slots])
     return logits
 
 
-def feed_tokens(model: DraftModel, states: list[RequestState], tokens: list[int]) -> torch.Tensor:
-    """Feed one token per state after its fed prefix; returns logits float32 [len(states), V].
+def feed_tokens(
+    model: DraftModel, states: list[RequestState], tokens: list[int], phase: str = "jit"
+) -> torch.Tensor:
+    """Feed one token per state after its fed prefix (one forward, timed as `phase`); returns
+    logits float32 [len(states), V].
 
     Raises:
         KVPoolExhausted: when the pool cannot hold them (nothing is fed then).
@@ -68,7 +77,9 @@ def feed_tokens(model: DraftModel, states: list[RequestState], tokens: list[int]
         for i, (s, t) in enumerate(zip(states, tokens, strict=True))
     ]
     packed = pack(segments, model.device)
-    logits = model.forward(packed.input_ids, packed.positions, packed.out_slots, packed.layout)
+    logits = model.forward(
+        packed.input_ids, packed.positions, packed.out_slots, packed.layout, phase=phase
+    )
     for s, seg in zip(states, segments, strict=True):
         s.slots = torch.cat([s.slots, seg.out_slots])
     return logits

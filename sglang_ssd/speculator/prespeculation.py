@@ -52,8 +52,9 @@ def prespeculate(
             forks.append(_Fork(s, ks, ts, slots))
     if forks:
         steps = _tree_decode(model, forks, plan, beta, tree_depth)
-        for f, drawn in zip(forks, steps, strict=True):
-            _populate(cache, f, drawn)
+        with model.phases.phase("populate"):
+            for f, drawn in zip(forks, steps, strict=True):
+                _populate(cache, f, drawn)
 
 
 def glue_decode(model: DraftModel, states: list[RequestState], plan: FanoutPlan) -> None:
@@ -74,7 +75,12 @@ def glue_decode(model: DraftModel, states: list[RequestState], plan: FanoutPlan)
     packed = pack(segments, model.device)
     rows = torch.cat([packed.rows(i, r) for i, r in enumerate(need_rows)])
     logits = model.forward(
-        packed.input_ids, packed.positions, packed.out_slots, packed.layout, logits_rows=rows
+        packed.input_ids,
+        packed.positions,
+        packed.out_slots,
+        packed.layout,
+        logits_rows=rows,
+        phase="glue",
     )
     offset = 0
     for s, seg, r in zip(states, segments, need_rows, strict=True):
@@ -144,10 +150,17 @@ def _tree_decode(
                 )
             )
         packed = pack(segments, model.device)
-        logits = model.forward(packed.input_ids, packed.positions, packed.out_slots, packed.layout)
-        sample = sample_drafts(
-            logits, row_states, [top_m[depth - 1]] * len(row_states), beta, num_cand
+        logits = model.forward(
+            packed.input_ids,
+            packed.positions,
+            packed.out_slots,
+            packed.layout,
+            phase=f"tree_{depth}",
         )
+        with model.phases.phase("sampling"):
+            sample = sample_drafts(
+                logits, row_states, [top_m[depth - 1]] * len(row_states), beta, num_cand
+            )
         offset = 0
         for i, n in enumerate(counts):
             part = DraftSample(

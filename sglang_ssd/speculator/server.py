@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 
@@ -37,6 +39,7 @@ from sglang_ssd.transport import (
 )
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 IDLE_POLL_S = 1.0
 
@@ -48,7 +51,7 @@ class SpeculatorServer:
         self.link = link
         self.engine = engine
         self.parent_pid = parent_pid
-        self.timing = SpeculatorTiming()
+        self.build_s = 0.0  # the latest pre-speculation's seconds
         self.counters: dict[str, float] = {
             "steps": 0,
             "build_s": 0.0,
@@ -126,34 +129,55 @@ class SpeculatorServer:
 
     def _step(self, step: Step) -> None:
         engine = self.engine
+        phases = engine.phases
         t0 = time.perf_counter()
         outcomes = [OutcomeIn(o.rid, o.accept_len, o.bonus) for o in step.outcomes]
         engine.apply_outcomes(outcomes)
         for o in outcomes:
             engine.observe_accept_length(o.accept_len + 1)
         t1 = time.perf_counter()
-        drafts = engine.serve(step.requests, step.backup, engine.config.lookahead)
-        t2 = time.perf_counter()
-        self.timing = SpeculatorTiming(
-            build_s=self.timing.build_s,
-            lookup_s=t1 - t0,
-            backup_s=t2 - t1,
+        drafts = self._timed_rest(
+            "serve", lambda: engine.serve(step.requests, step.backup, engine.config.lookahead)
         )
-        reply, tokens, q = self._pack(step, drafts)
-        self.counters["send_s"] += self.link.send_drafts(reply, tokens, q)
+        t2 = time.perf_counter()
+        with phases.phase("pack"):
+            reply, tokens, q = self._pack(step, drafts, self._timing(t1 - t0, t2 - t1))
+        send_s = self.link.send_drafts(reply, tokens, q)
+        phases.add("send", send_s)
+        self.counters["send_s"] += send_s
         self.counters["steps"] += 1
         self.counters["lookup_s"] += t1 - t0
         self.counters["backup_s"] += t2 - t1
-        build_s = 0.0
+        self.build_s = 0.0
         if engine.config.mode == "async":
             t3 = time.perf_counter()
-            engine.build(step.requests)
-            build_s = time.perf_counter() - t3
-            self.counters["build_s"] += build_s
-        self.timing = SpeculatorTiming(build_s=build_s, lookup_s=0.0, backup_s=0.0)
+            self._timed_rest("build", lambda: engine.build(step.requests))
+            self.build_s = time.perf_counter() - t3
+            self.counters["build_s"] += self.build_s
+
+    def _timed_rest(self, name: str, work: Callable[[], T]) -> T:
+        """Run `work`; the part of its time no phase inside it claimed is ``{name}_other``
+        (packing layouts, Python bookkeeping), so a round's phases add up to its time."""
+        phases = self.engine.phases
+        claimed = sum(phases.seconds.values())
+        start = time.perf_counter()
+        result = work()
+        elapsed = time.perf_counter() - start
+        phases.add(f"{name}_other", max(elapsed - (sum(phases.seconds.values()) - claimed), 0.0))
+        return result
+
+    def _timing(self, lookup_s: float, backup_s: float) -> SpeculatorTiming:
+        """This Step's timing: the latest build, this Step's lookup and backup, and the phases
+        since the previous Drafts (which the target sums for `/ssd/stats`)."""
+        return SpeculatorTiming(
+            build_s=self.build_s,
+            lookup_s=lookup_s,
+            backup_s=backup_s,
+            phases=self.engine.phases.take(),
+        )
 
     def _pack(
-        self, step: Step, drafts: list[Draft | None]
+        self, step: Step, drafts: list[Draft | None], timing: SpeculatorTiming
     ) -> tuple[Drafts, torch.Tensor, torch.Tensor | None]:
         """The Drafts message and its tensors (tokens [B, Dmax], q [n_q, Dmax, V])."""
         vocab = self.engine.vocab_size
@@ -180,7 +204,7 @@ class SpeculatorServer:
             entries=entries,
             max_depth=depth,
             vocab_size=vocab,
-            timing=self.timing,
+            timing=timing,
         )
         return msg, tokens, q
 

@@ -31,8 +31,8 @@ from sglang_ssd.config import LIVE_FIELDS, SSDConfig, check_setting
 
 # 2: Configure/ConfigureAck carry LiveSettings; dropped DraftEntry.round_id and
 # SpeculatorTiming.idle_s (nobody read them). 3: dropped Outcome.round_id (always 0) and
-# Close.reason (never read).
-PROTOCOL_VERSION = 3
+# Close.reason (never read). 4: SpeculatorTiming.phases (seconds by phase, issue 12).
+PROTOCOL_VERSION = 4
 
 MAX_ID = 2**63 - 1
 MAX_TOKEN_ID = 2**31 - 1
@@ -49,6 +49,8 @@ Seconds = Annotated[float, Meta(ge=0.0)]
 Role = Literal["target", "speculator"]
 StepBackup = Literal["jit", "ngram", "random"]
 QDtype = Literal["float32", "bfloat16", "float16"]
+PhaseName = Annotated[str, Meta(min_length=1, max_length=32, pattern=r"^[a-z0-9_]+$")]
+MAX_PHASES = 64
 
 
 AdminOp = Literal["config", "configure", "stats"]
@@ -210,15 +212,22 @@ class DraftEntry(_Struct):
 
 
 class SpeculatorTiming(_Struct):
-    """Where the speculator's time went since the previous Drafts, in seconds."""
+    """Where the speculator's time went, in seconds: `build_s` of its latest pre-speculation,
+    `lookup_s` and `backup_s` of this Step, and `phases` (`sglang_ssd.phases`: glue, tree_d,
+    lm_head, sampling, populate, lookup, pack, send, ...) summed since the previous Drafts."""
 
     build_s: Seconds = 0.0
     lookup_s: Seconds = 0.0
     backup_s: Seconds = 0.0
+    phases: Annotated[dict[PhaseName, Seconds], Meta(max_length=MAX_PHASES)] = msgspec.field(
+        default_factory=dict
+    )
 
     def __post_init__(self) -> None:
-        for name in self.__struct_fields__:
+        for name in ("build_s", "lookup_s", "backup_s"):
             _finite(name, getattr(self, name))
+        for name, value in self.phases.items():
+            _finite(f"phases[{name}]", value)
 
 
 class Drafts(_Message, tag="drafts"):

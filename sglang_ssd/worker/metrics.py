@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from sglang_ssd.phases import PhaseTimer
+
 logger = logging.getLogger(__name__)
 
 
@@ -26,11 +28,12 @@ class RoundTimer:
         requests: request-rounds (Σ batch sizes).
         wait_draft_s: time the target waited for drafts (includes transport).
         verify_s: time from drafts in hand to the verified result (forward + verify).
-        forward_s: the target's TARGET_VERIFY forward alone.
+        forward_s: building the verify batch and the TARGET_VERIFY forward (by phase: `phases`).
         accepted: Σ accepted draft tokens (bonus excluded).
         sources: request-rounds by draft source (cache, jit, ngram, random, local-ngram).
         accepted_by_source: Σ accepted draft tokens by draft source (acceptance on hits vs
             misses, for the speedup model's α_hit and α_miss).
+        phases: the target's seconds by phase of its rounds (`SSDWorker._decode`).
     """
 
     rounds: int = 0
@@ -41,6 +44,7 @@ class RoundTimer:
     accepted: int = 0
     sources: Counter = field(default_factory=Counter)
     accepted_by_source: Counter = field(default_factory=Counter)
+    phases: PhaseTimer = field(default_factory=PhaseTimer)
 
     def record(
         self,
@@ -78,6 +82,8 @@ class RoundTimer:
             out[f"source_{source}"] = count
         for source, count in self.accepted_by_source.items():
             out[f"accepted_{source}"] = count
+        for name, seconds in self.phases.means(self.rounds).items():
+            out[f"phase_{name}"] = seconds
         return out
 
 

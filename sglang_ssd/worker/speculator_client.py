@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from sglang_ssd.config import SSDConfig, TargetCapacity
+from sglang_ssd.phases import PhaseTimer
 from sglang_ssd.placement import place
 from sglang_ssd.saguaro import Backup, BackupStats, FallbackPolicy
 from sglang_ssd.transport import (
@@ -103,6 +104,9 @@ class SpeculatorClient:
         self.decode_rounds = 0
         self.last_seen: dict[str, int] = {}  # rid -> decode round it was last prefilled/decoded
         self.last_timing: dict[str, float] = {}
+        # The speculator's seconds by phase, summed over the Drafts it sent (`/ssd/stats`).
+        self.speculator_phases = PhaseTimer()
+        self.drafts_received = 0
         self._lock = threading.Lock()
         self.supervisor = Supervisor(
             lambda: self.config,  # a restarted speculator starts from the live settings
@@ -256,6 +260,8 @@ class SpeculatorClient:
                 self.opened.pop(reqs[i].rid, None)
         timing = msg.timing
         self.last_timing = {"build_s": timing.build_s, "backup_s": timing.backup_s}
+        self.speculator_phases.merge(timing.phases)
+        self.drafts_received += 1
         self.last_sources = {req.rid: s for req, s in zip(reqs, sources, strict=True)}
         return DraftBatch(tokens=tokens, depth=depth, q=dense_q, has_q=has_q, sources=sources)
 

@@ -85,6 +85,7 @@ class SSDWorker(BaseSpecWorker):
         # speculator's KV pool) is known.
         self.provider: SpeculatorClient
         self.timer = RoundTimer()
+        self._last_decode_end: float | None = None
 
     # ------------------------------------------------------------ SGLang plumbing
     @property
@@ -124,6 +125,7 @@ class SSDWorker(BaseSpecWorker):
         return self._extend(batch, on_publish)
 
     def _extend(self, batch: ScheduleBatch, on_publish: Any) -> GenerationBatchResult:
+        self._last_decode_end = None  # the gap to the next decode round holds this prefill
         self.provider.prepare(batch.reqs)
         result = self._target_worker.forward_batch_generation(batch)
         bs = len(batch.reqs)
@@ -146,28 +148,40 @@ class SSDWorker(BaseSpecWorker):
 
     def _decode(self, batch: ScheduleBatch, on_publish: Any) -> GenerationBatchResult:
         """One SSD round: drafts, one TARGET_VERIFY forward over W = γ + 1 positions per
-        request, verification, KV moves of the accepted tokens, bookkeeping."""
+        request, verification, KV moves of the accepted tokens, bookkeeping. Each step is timed
+        as a phase of `self.timer.phases` (`wait_draft`, `build_batch`, `forward`, `verify`,
+        `commit`, `record`, and `scheduler`: the time SGLang spent between two decode rounds)."""
+        phases = self.timer.phases
         t_start = time.perf_counter()
+        if self._last_decode_end is not None:
+            phases.add("scheduler", t_start - self._last_decode_end)
         drafts = self.provider.drafts(batch.reqs)
         t_drafts = time.perf_counter()
-        seq_lens = self._build_verify_batch(batch, drafts)
-        result = self._target_worker.forward_batch_generation(batch, is_verify=True)
+        phases.add("wait_draft", t_drafts - t_start)
+        with phases.phase("build_batch"):
+            seq_lens = self._build_verify_batch(batch, drafts)
+        with phases.phase("forward"):
+            result = self._target_worker.forward_batch_generation(batch, is_verify=True)
         logits_output = result.logits_output
         t_forward = time.perf_counter()
-        verified = verify_batch(
-            logits_output.next_token_logits,
-            drafts,
-            _sampling_of(batch),
-            self.width,
-            self.generator,
-        )
-        accept_lens, accept_index, predict = self._commit(batch, logits_output, verified)
-        new_seq_lens = seq_lens + accept_lens
-        if on_publish is not None:
-            on_publish(new_seq_lens)
-        self._record_round(batch, drafts, verified, (t_start, t_drafts, t_forward))
+        with phases.phase("verify"):
+            verified = verify_batch(
+                logits_output.next_token_logits,
+                drafts,
+                _sampling_of(batch),
+                self.width,
+                self.generator,
+            )
+        with phases.phase("commit"):
+            accept_lens, accept_index, predict = self._commit(batch, logits_output, verified)
+            new_seq_lens = seq_lens + accept_lens
+            if on_publish is not None:
+                on_publish(new_seq_lens)
+        with phases.phase("record"):
+            self._record_round(batch, drafts, verified, (t_start, t_drafts, t_forward))
         batch.forward_mode = ForwardMode.DECODE
         accept_tokens = predict[accept_index].flatten()
+        self._last_decode_end = time.perf_counter()
         return self._result(
             logits_output,
             next_token_ids=accept_tokens,

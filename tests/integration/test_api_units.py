@@ -12,6 +12,7 @@ import pytest
 
 from sglang_ssd.config import SSDConfig
 from sglang_ssd.integration import admin, request_checks, request_metrics, scheduler_metrics
+from sglang_ssd.phases import PhaseTimer
 from sglang_ssd.transport.messages import (
     AdminReply,
     AdminRequest,
@@ -123,22 +124,21 @@ def test_update_meta_info_takes_out_the_ssd_key() -> None:
     assert len(seen) == 1  # nothing left for SGLang's handler
 
 
-@dataclass
-class FakeTimer:
-    rounds: int = 4
-    requests: int = 6
-    wait_draft_s: float = 0.4
-    verify_s: float = 0.8
-    forward_s: float = 0.6
-    sources: Counter = field(default_factory=lambda: Counter(cache=4, ngram=2))
-
-    def summary(self) -> dict[str, float]:
-        return {
-            "rounds": self.rounds,
-            "cache_hit_rate": 4 / 6,
-            "source_cache": 4,
-            "accepted_cache": 11,
-        }
+def round_timer() -> worker_metrics.RoundTimer:
+    """A real `RoundTimer` after 4 rounds (6 request-rounds, 4 cache hits, 11 tokens accepted
+    on hits) whose target phases are 0.25 s of work and 0.1 s of waiting per round."""
+    timer = worker_metrics.RoundTimer(
+        rounds=4,
+        requests=6,
+        wait_draft_s=0.4,
+        verify_s=0.8,
+        forward_s=0.6,
+        accepted=11,
+        sources=Counter(cache=4, ngram=2),
+        accepted_by_source=Counter(cache=11),
+    )
+    timer.phases.merge({"forward": 0.6, "verify": 0.2, "scheduler": 0.2, "wait_draft": 0.4})
+    return timer
 
 
 class FakeClient:
@@ -149,6 +149,9 @@ class FakeClient:
         self.faults = 1
         self.restarts = 0
         self.policy = default_policy(self.config)
+        self.speculator_phases = PhaseTimer()
+        self.speculator_phases.merge({"tree_1": 0.8, "lm_head": 0.3, "send": 0.1})
+        self.drafts_received = 4
 
     def configure(self, request: Configure) -> ConfigureAck | None:
         self.config = self.config.replace(**request.changes.given())
@@ -161,7 +164,7 @@ class FakeClient:
 @dataclass
 class FakeWorker:
     config: SSDConfig = field(default_factory=SSDConfig)
-    timer: FakeTimer = field(default_factory=FakeTimer)
+    timer: worker_metrics.RoundTimer = field(default_factory=round_timer)
     provider: FakeClient = field(default_factory=FakeClient)
 
 
@@ -247,8 +250,14 @@ def test_admin_stats_and_errors() -> None:
     body = admin.http_body("stats", got)
     assert body["avg_speculator_build_s"] == pytest.approx(0.5)
     assert body["avg_transport_s"] == pytest.approx(0.01)
-    assert body["faults"] == 1.0 and body["rounds_by_source"] == {"cache": 4}
+    assert body["faults"] == 1.0 and body["rounds_by_source"] == {"cache": 4, "ngram": 2}
     assert body["accepted_by_source"] == {"cache": 11}
+    assert body["target_phases"]["forward"] == pytest.approx(0.15)
+    assert body["speculator_phases"] == pytest.approx({"tree_1": 0.2, "lm_head": 0.075,
+                                                       "send": 0.025})  # fmt: skip
+    assert body["speculator_round_s"] == pytest.approx(0.3)
+    assert body["target_round_s"] == pytest.approx(0.25)  # waiting for drafts left out
+    assert body["t_p"] == pytest.approx(1.2)
     assert _ask_raw(FakeWorker(), {"type": "admin_request", "op": "nope"}).status == 400
     assert _ask_raw(FakeWorker(), {"type": "admin_reply"}).status == 400
     assert admin.handle(FakeWorker(), b"{not json").status == 400
@@ -292,20 +301,29 @@ def test_decode_window_and_log_filter() -> None:
     import logging
 
     tracker = scheduler_metrics.WindowTracker()
-    timer = FakeTimer()
-    first = tracker.take(timer)
+    timer, client = round_timer(), FakeClient()
+    first = tracker.take(timer, client)
     assert first.values()["cache_hit_rate"] == pytest.approx(4 / 6)
+    assert first.values()["t_p"] == pytest.approx(1.2)
     timer.rounds, timer.requests, timer.wait_draft_s = 6, 8, 0.6
     timer.sources["cache"] += 2
-    second = tracker.take(timer)
+    timer.phases.merge({"forward": 0.3, "verify": 0.1})
+    client.speculator_phases.merge({"tree_1": 0.1, "glue": 0.2})
+    client.drafts_received += 2
+    second = tracker.take(timer, client)
     assert (second.rounds, second.requests, second.hits) == (2, 2, 2)
     assert second.values()["wait_draft_seconds"] == pytest.approx(0.1)
+    assert second.values()["target_round_seconds"] == pytest.approx(0.2)
+    assert second.values()["speculator_round_seconds"] == pytest.approx(0.15)
 
     line_filter = scheduler_metrics.DecodeLineFilter()
     line_filter.suffix = second.log_suffix()
     record = logging.LogRecord("x", logging.INFO, "f", 1, "Decode batch, #running-req: 1", (), None)
     line_filter.filter(record)
-    assert record.msg.endswith("ssd hit rate: 1.00, wait draft: 100.0 ms, verify: 0.0 ms")
+    assert record.msg.endswith(
+        "ssd hit rate: 1.00, wait draft: 100.0 ms, verify: 0.0 ms, T_p: 0.75 (speculator 150 ms:"
+        " glue 100.0 ms, tree_1 50.0 ms, lm_head 0.0 ms; target 200 ms)"
+    )
     other = logging.LogRecord("x", logging.INFO, "f", 1, "Prefill batch", (), None)
     line_filter.filter(other)
     assert other.msg == "Prefill batch"

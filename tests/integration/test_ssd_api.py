@@ -320,6 +320,15 @@ def test_admin_stats(server: SSDServer) -> None:
     for key in ("avg_speculator_build_s", "avg_transport_s", "faults", "restarts"):
         assert stats[key] >= 0, key
     assert stats["speculator"]["steps"] > 0
+    target = stats["target_phases"]  # seconds per round by phase (issue 12)
+    assert {"wait_draft", "build_batch", "forward", "verify", "commit", "record"} <= set(target)
+    forward = target["build_batch"] + target["forward"]  # what avg_forward_s has always timed
+    assert forward == pytest.approx(stats["avg_forward_s"], abs=1e-4)
+    assert target["wait_draft"] == pytest.approx(stats["avg_wait_draft_s"])
+    speculator = stats["speculator_phases"]
+    assert {"glue", "tree_1", "lm_head", "sampling", "lookup", "pack", "send"} <= set(speculator)
+    assert stats["speculator_round_s"] == pytest.approx(sum(speculator.values()))
+    assert stats["t_p"] == pytest.approx(stats["speculator_round_s"] / stats["target_round_s"])
 
 
 # ------------------------------------------------------------------ per-request metrics

@@ -10,7 +10,6 @@ it had been prefilled at once.
 from __future__ import annotations
 
 import os
-from collections import deque
 
 import torch
 
@@ -18,7 +17,8 @@ from sglang_ssd.config import SSDConfig
 from sglang_ssd.speculator.draft_model import DraftModel
 from sglang_ssd.speculator.engine import OutcomeIn, SpeculatorEngine
 from sglang_ssd.speculator.server import SpeculatorServer
-from sglang_ssd.transport import Drafts, Open, SamplingSpec, Shutdown, Step
+from sglang_ssd.transport import Open, SamplingSpec, Step
+from tests.speculator.queued_link import QueuedLink
 
 PROMPT = [40, 71, 72, 73, 0, 5, 9, 71, 72, 33, 34]  # 11 tokens: 10 prefilled, then the root
 LONG = [(7 * i + 3) % 90 for i in range(300)]
@@ -109,37 +109,13 @@ def _kv(engine: SpeculatorEngine, rid: str) -> torch.Tensor:
     )
 
 
-class _QueuedLink:
-    """The speculator's side of a link whose messages are all queued before the loop starts;
-    records each Drafts reply with the fed length of every request when it was sent."""
-
-    def __init__(self, engine: SpeculatorEngine, messages: list) -> None:
-        self.engine = engine
-        self.inbox = deque(messages)
-        self.replies: list[tuple[Drafts, dict[str, int]]] = []
-        self.sent: list = []
-
-    def recv(self, timeout_s: float):
-        if self.inbox:
-            return self.inbox.popleft()
-        return None if self.engine.prefill_pending() else Shutdown()
-
-    def send(self, msg) -> None:
-        self.sent.append(msg)
-
-    def send_drafts(self, msg: Drafts, tokens: torch.Tensor, q: torch.Tensor | None) -> float:
-        fed = {rid: s.num_fed for rid, s in self.engine.requests.items()}
-        self.replies.append((msg, fed))
-        return 0.0
-
-
 def test_the_server_answers_a_step_before_a_long_prefill_then_prefills_between_rounds(
     tiny_draft,
 ):
     engine = _engine(tiny_draft)
     engine.prefill_chunk_tokens = 32
     greedy = SamplingSpec(temperature=0.0, top_k=1, top_p=1.0)
-    link = _QueuedLink(
+    link = QueuedLink(
         engine,
         [
             Open(rid="long", token_ids=LONG, sampling=greedy, prespeculate=True),

@@ -1,0 +1,78 @@
+"""Where a round's time goes, by phase, on either side of the link (issue 12's measurements).
+
+Both the speculator (glue forward, each tree depth's forward, LM head, sampling, cache populate,
+outcome lookup, packing, send) and the target worker (waiting for drafts, building the verify
+batch, the verify forward, `saguaro.verify`, KV moves and logprobs, scheduler time between
+rounds) accumulate wall-clock seconds per phase in a `PhaseTimer`; `/ssd/stats` shows them as
+per-round means and the decode log line names the largest ones.
+
+Times are `time.perf_counter` seconds on the host. On a GPU they are launch times unless the
+phase ends in a synchronising call (a `.tolist()`, a transfer), so read GPU phases with care.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+
+
+class PhaseTimer:
+    """Running totals of seconds (and entries) per phase name. Phases never nest, so that a
+    round's phases add up to its time: entering one inside another raises RuntimeError.
+
+    Attributes:
+        seconds: phase name -> total seconds.
+        calls: phase name -> times the phase was entered.
+    """
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+        self.active: str | None = None
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Time the `with` block as `name`.
+
+        Raises:
+            RuntimeError: when entered inside another phase (it would be counted twice).
+        """
+        if self.active is not None:
+            raise RuntimeError(f"phase {name!r} entered inside phase {self.active!r}")
+        self.active = name
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.active = None
+            self.add(name, time.perf_counter() - start)
+
+    def add(self, name: str, seconds: float) -> None:
+        """Add `seconds` (>= 0) to `name`."""
+        self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+        self.calls[name] = self.calls.get(name, 0) + 1
+
+    def merge(self, seconds: Mapping[str, float]) -> None:
+        """Add a mapping of phase -> seconds (e.g. the speculator's, received per round)."""
+        for name, value in seconds.items():
+            self.add(name, value)
+
+    def take(self) -> dict[str, float]:
+        """The seconds since the previous `take` (or start), and reset them to zero."""
+        out = dict(self.seconds)
+        self.seconds.clear()
+        self.calls.clear()
+        return out
+
+    def means(self, rounds: int) -> dict[str, float]:
+        """Seconds per round of each phase over `rounds` rounds (0 rounds: the totals). Safe to
+        call from another thread while phases are added (`dict()` copies under the GIL)."""
+        snapshot = dict(self.seconds)
+        return {name: value / max(rounds, 1) for name, value in sorted(snapshot.items())}
+
+
+def largest(means: Mapping[str, float], n: int = 3) -> str:
+    """The `n` largest phases as ``"name 12.3 ms, ..."`` (for the decode log line)."""
+    top = sorted(means.items(), key=lambda kv: kv[1], reverse=True)[:n]
+    return ", ".join(f"{name} {value * 1e3:.1f} ms" for name, value in top)

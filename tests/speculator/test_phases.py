@@ -1,0 +1,65 @@
+"""The speculator's round by phase (issue 12): every Drafts carries the seconds by phase since
+the previous one, the phases name each forward of the round, and they add up to the round's
+time (none counted twice: phases cannot nest; none missing: what no phase claims is `*_other`)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from sglang_ssd.phases import PhaseTimer, largest
+from sglang_ssd.speculator.server import SpeculatorServer
+from sglang_ssd.transport import Open, Outcome, SamplingSpec, Step
+from tests.speculator.queued_link import QueuedLink
+from tests.speculator.test_engine_pool import PROMPT, _engine
+
+GREEDY = SamplingSpec(temperature=0.0, top_k=1, top_p=1.0)
+
+
+def test_each_drafts_names_the_rounds_phases_and_they_add_up(tiny_draft) -> None:
+    engine = _engine(tiny_draft, tree_depth=3)
+    link = QueuedLink(
+        engine,
+        [
+            Open(rid="r", token_ids=PROMPT, sampling=GREEDY, prespeculate=False),
+            Step(step_id=1, outcomes=[], requests=["r"], backup="jit"),
+            Step(
+                step_id=2,
+                outcomes=[Outcome(rid="r", accept_len=1, bonus=7)],
+                requests=["r"],
+                backup="jit",
+            ),
+        ],
+    )
+    SpeculatorServer(link, engine, parent_pid=os.getppid()).run()
+    assert not link.sent, link.sent
+    (first, _), (second, _) = link.replies
+    assert {"prefill", "jit", "lm_head", "sampling", "serve_other"} <= set(first.timing.phases)
+    phases = second.timing.phases
+    # The first round's pack, send and pre-speculation (glue + one forward per tree depth),
+    # then the second Step's outcome lookup and draft.
+    built = {"glue", "tree_1", "tree_2", "tree_3", "populate", "build_other", "pack", "send"}
+    assert built | {"lookup", "lm_head", "sampling", "serve_other"} <= set(phases)
+    assert "tree_4" not in phases
+    timing = second.timing
+    total = sum(phases.values())
+    assert total >= timing.build_s + timing.backup_s
+    assert total <= timing.build_s + timing.lookup_s + timing.backup_s + phases["pack"] + 1e-4
+
+
+def test_phase_timer_totals_means_and_the_log_summary() -> None:
+    timer = PhaseTimer()
+    with timer.phase("glue"):
+        pass
+    timer.add("tree_1", 0.5)
+    timer.merge({"tree_1": 0.25, "lm_head": 0.125})
+    assert timer.calls["tree_1"] == 2
+    means = timer.means(rounds=2)
+    assert means["tree_1"] == pytest.approx(0.375) and means["lm_head"] == pytest.approx(0.0625)
+    assert largest(means, 2) == "tree_1 375.0 ms, lm_head 62.5 ms"
+    nested = pytest.raises(RuntimeError, match="inside phase 'glue'")
+    with timer.phase("glue"), nested, timer.phase("lm_head"):
+        pass
+    taken = timer.take()
+    assert taken["tree_1"] == pytest.approx(0.75) and timer.seconds == {} and timer.calls == {}
