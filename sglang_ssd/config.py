@@ -37,6 +37,7 @@ BACKUPS: tuple[str, ...] = get_args(BackupChoice)
 # bound of the fan-out budget (`fanout_budget_limit`) depends on the pool and is usually far lower.
 MAX_FANOUT_BUDGET = 2**16
 MAX_DRAFT_KV_TOKENS = 2**26
+MAX_DRAFT_VOCAB = 2**24
 # The speculator's pool when the target's capacity is unknown (a client started outside SGLang).
 DEFAULT_DRAFT_KV_TOKENS = 65536
 _DEVICE_RE = re.compile(r"^(cpu|cuda:\d+)$")
@@ -247,6 +248,18 @@ class SSDConfig:
             rule="must be > 0 seconds",
             metavar="SECONDS",
             parse=float,
+        ),
+    )
+    draft_vocab: int = field(
+        default=0,
+        metadata=flag(
+            "Draft vocabulary: the speculator drafts only among the N most frequent token ids "
+            "of local code and text (0 = the whole vocabulary). Cuts the draft's LM head; q is "
+            "zero elsewhere and verification uses it, so output is unchanged.",
+            ok=lambda v: isinstance(v, int) and 0 <= v <= MAX_DRAFT_VOCAB,
+            rule=f"must be an integer in 0..{MAX_DRAFT_VOCAB}",
+            metavar="N",
+            parse=int,
         ),
     )
     draft_kv_tokens: int | None = field(

@@ -135,6 +135,18 @@ def build_config(ssd_ns: argparse.Namespace, sglang_argv: Sequence[str]) -> SSDC
     return SSDConfig.from_namespace(ssd_ns, lookahead=lookahead)
 
 
+def _prepare_draft_vocab(config: SSDConfig, sglang_argv: Sequence[str]) -> None:
+    """Count the reduced draft vocabulary now, once per tokenizer (cached), so that the
+    speculator starts without the tens of seconds it takes (`--ssd-draft-vocab`)."""
+    draft = _flag_value(sglang_argv, "--speculative-draft-model-path")
+    algorithm = (_flag_value(sglang_argv, "--speculative-algorithm") or "").upper()
+    if not config.draft_vocab or draft is None or algorithm != DEFAULT_ALGORITHM:
+        return
+    from sglang_ssd.speculator.draft_vocab import for_model
+
+    for_model(draft, config.draft_vocab)
+
+
 def _print_help() -> None:
     parser = argparse.ArgumentParser(
         prog="python -m sglang_ssd.launch_server",
@@ -165,6 +177,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except SSDConfigError as exc:
         sys.exit(f"error: {exc}")
     config.to_env()
+    _prepare_draft_vocab(config, sglang_argv)
 
     from sglang.launch_server import run_server
     from sglang.srt.plugins import load_plugins

@@ -26,6 +26,7 @@ from transformers import AttentionInterface, AutoModelForCausalLM
 from transformers.masking_utils import AttentionMaskInterface
 
 from sglang_ssd.phases import PhaseTimer
+from sglang_ssd.speculator.draft_vocab import DraftVocab
 from sglang_ssd.speculator.kv_pool import KVPool, affordable_slots, available_memory, slot_bytes
 
 ATTN_IMPLEMENTATION = "ssd_paged"
@@ -126,6 +127,28 @@ class DraftModel:
         self.dtype = next(hf_model.parameters()).dtype
         self.forward_count = 0
         self.phases = PhaseTimer()
+        self.vocab: DraftVocab | None = None
+        self._head_weight: torch.Tensor | None = None  # lm_head rows of `vocab.ids`
+
+    def use_vocab(self, vocab: DraftVocab | None) -> None:
+        """Restrict the LM head to `vocab` (None: the full vocabulary again).
+
+        Every later `forward` computes logits for `vocab.ids` only and gives every other id
+        -inf, so sampling, argmax and fork candidates stay inside the kept ids and q is zero
+        outside them (`draft_vocab`). Costs one copy of those lm_head rows (N × hidden).
+
+        Raises:
+            ValueError: when `vocab.vocab_size` differs from the model's V.
+        """
+        if vocab is not None and vocab.vocab_size != self.vocab_size:
+            raise ValueError(
+                f"draft vocabulary for V={vocab.vocab_size}, model has {self.vocab_size}"
+            )
+        self.vocab = vocab
+        self._head_weight = None
+        if vocab is not None:
+            ids = vocab.ids.to(self.device)
+            self._head_weight = self.lm_head.weight.detach().index_select(0, ids).contiguous()
 
     @classmethod
     def load(
@@ -228,7 +251,8 @@ class DraftModel:
             phase: the name `phases` records the call's body under (``glue``, ``tree_1``, ...).
 
         Returns:
-            float32 [M or N, V] logits (computed in the model dtype, then widened). They are
+            float32 [M or N, V] logits (computed in the model dtype, then widened; -inf outside
+            the reduced vocabulary of `use_vocab`, when one is set). They are
             inference tensors (torch.inference_mode): copy them (`.clone()`) before modifying
             them in place outside inference mode.
 
@@ -272,4 +296,16 @@ class DraftModel:
         with self.phases.phase("lm_head"):
             if logits_rows is not None:
                 hidden = hidden.index_select(0, logits_rows.to(device=device, dtype=torch.int64))
+            return self._logits(hidden)
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 [M, V] logits of `hidden` [M, hidden]; -inf outside a reduced vocabulary."""
+        if self.vocab is None or self._head_weight is None:
             return self.lm_head(hidden).float()
+        bias = getattr(self.lm_head, "bias", None)
+        ids = self.vocab.ids.to(hidden.device)
+        kept = torch.nn.functional.linear(
+            hidden, self._head_weight, None if bias is None else bias[ids]
+        ).float()
+        out = torch.full((hidden.shape[0], self.vocab_size), float("-inf"), device=hidden.device)
+        return out.index_copy_(1, ids, kept)

@@ -144,8 +144,9 @@ class SpeculatorEngine:
     def stats(self) -> dict[str, float]:
         """The engine's counters for `/ssd/stats`: the speculation cache's (`cache_*`), KV slots
         in use and in all, open requests and those still prefilling, cached entries, the live
-        hit-model exponent r, and the rounds the KV pool or a pending prefill degraded
-        (`kv_exhausted` = drafts + builds)."""
+        hit-model exponent r, the rounds the KV pool or a pending prefill degraded
+        (`kv_exhausted` = drafts + builds) and the ids the draft samples from
+        (`draft_vocab_size`, `--ssd-draft-vocab`)."""
         out = {f"cache_{k}": float(v) for k, v in self.cache.stats.items()}
         out["kv_slots_used"] = float(self.num_used_slots())
         out["kv_slots_total"] = float(self.model.kv_pool.num_slots)
@@ -157,6 +158,8 @@ class SpeculatorEngine:
         out["kv_exhausted_drafts"] = float(self.kv_exhausted_drafts)
         out["kv_exhausted_builds"] = float(self.kv_exhausted_builds)
         out["prefill_backup_drafts"] = float(self.prefill_backup_drafts)
+        vocab = self.model.vocab
+        out["draft_vocab_size"] = float(vocab.size if vocab is not None else self.vocab_size)
         return out
 
     # ---------------------------------------------------------------- outcomes

@@ -1,8 +1,9 @@
 """SSD served by a real SGLang server on tiny random models: lossless greedy, batching, processes.
 
 Real servers, real sockets, a real speculator process; tiny models keep it to about a minute.
-Greedy SSD (async and sync mode) must reproduce the autoregressive server token for token, also
-with concurrent requests of different lengths and with the radix cache hit by a repeated prompt.
+Greedy SSD (async and sync mode, and with a reduced draft vocabulary) must reproduce the
+autoregressive server token for token, also with concurrent requests of different lengths and
+with the radix cache hit by a repeated prompt.
 """
 
 from __future__ import annotations
@@ -15,14 +16,39 @@ from pathlib import Path
 import psutil
 import pytest
 import requests
+from transformers import AutoConfig, AutoTokenizer
 
 from eval.servers import Server
+from sglang_ssd.speculator import draft_vocab
+from sglang_ssd.testing.corpus import tiny_corpus
 
+VOCAB = 40  # `--ssd-draft-vocab` of the "vocab" server: 40 of the tiny tokenizer's 96 tokens
 PROMPTS = ["hello world", "def f(x): return", "abcabcabcabc", "the quick brown fox", "zzz", "1"]
 
 
 @pytest.fixture(scope="module")
-def servers(tiny_target: Path, tiny_draft: Path, tmp_path_factory: pytest.TempPathFactory):
+def vocab_cache(tiny_draft: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
+    """A cache holding the tiny draft's `VOCAB` most frequent ids on its training corpus (what
+    `--ssd-draft-vocab VOCAB` loads there): (cache folder, ids kept with EOS)."""
+    cache = tmp_path_factory.mktemp("cache")
+    tokenizer = AutoTokenizer.from_pretrained(tiny_draft)
+    vocab_size = AutoConfig.from_pretrained(tiny_draft).vocab_size
+    counts = draft_vocab.count_ids(tokenizer, [tiny_corpus()], vocab_size)
+    ids = draft_vocab.top_ids(counts, VOCAB, [tokenizer.eos_token_id])
+    vocab = draft_vocab.DraftVocab(ids, vocab_size, "tiny corpus")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SGLANG_SSD_CACHE", str(cache))
+        draft_vocab.save(vocab, tiny_draft, VOCAB)
+    return cache, vocab.size
+
+
+@pytest.fixture(scope="module")
+def servers(
+    tiny_target: Path,
+    tiny_draft: Path,
+    vocab_cache: tuple[Path, int],
+    tmp_path_factory: pytest.TempPathFactory,
+):
     logs = tmp_path_factory.mktemp("logs")
     common = ["--model-path", str(tiny_target), "--max-total-tokens", "4096", "--dtype", "float32"]
     spec = ["--speculative-draft-model-path", str(tiny_draft), "--speculative-algorithm", "SSD"]
@@ -30,10 +56,12 @@ def servers(tiny_target: Path, tiny_draft: Path, tmp_path_factory: pytest.TempPa
         "ar": [*common, "--speculative-algorithm", "NONE"],
         "ssd": [*common, *spec],
         "sync": [*common, *spec, "--ssd-mode", "sync"],
+        "vocab": [*common, *spec, "--ssd-draft-vocab", str(VOCAB)],
     }
+    env = {"SGLANG_SSD_CACHE": str(vocab_cache[0])}
     with contextlib.ExitStack() as stack:
         yield {
-            name: stack.enter_context(Server(name, args, log_path=logs / f"{name}.log"))
+            name: stack.enter_context(Server(name, args, log_path=logs / f"{name}.log", env=env))
             for name, args in configs.items()
         }
 
@@ -45,7 +73,7 @@ def _generate(server: Server, prompt: str, max_new_tokens: int = 40, **sampling)
     return response.json()
 
 
-@pytest.mark.parametrize("mode", ["ssd", "sync"])
+@pytest.mark.parametrize("mode", ["ssd", "sync", "vocab"])
 def test_greedy_matches_autoregressive(servers, mode):
     for i, prompt in enumerate(PROMPTS):
         n = 10 + 7 * i
@@ -53,6 +81,16 @@ def test_greedy_matches_autoregressive(servers, mode):
         got = _generate(servers[mode], prompt, n, temperature=0)
         assert got["output_ids"] == expected["output_ids"], prompt
         assert got["meta_info"]["spec_verify_ct"] > 0
+
+
+def test_reduced_draft_vocabulary_is_in_use(servers, vocab_cache):
+    """`--ssd-draft-vocab`: the speculator drafts from the kept ids only, and the target, which
+    often wants another id, still gets its exact output (the greedy test above)."""
+    kept = vocab_cache[1]
+    stats = requests.get(f"{servers['vocab'].url}/ssd/stats", timeout=60).json()
+    assert stats["speculator"]["draft_vocab_size"] == kept
+    full = requests.get(f"{servers['ssd'].url}/ssd/stats", timeout=60).json()
+    assert full["speculator"]["draft_vocab_size"] > kept
 
 
 def test_concurrent_greedy_matches_autoregressive(servers):

