@@ -33,6 +33,7 @@ from eval.bench_speculator.timing import (
 from eval.cpuload import machine_busy_s, wait_for_load
 from eval.provenance import model_info, run_header
 from sglang_ssd.speculator.draft_model import DraftModel
+from sglang_ssd.speculator.draft_vocab import for_model
 
 RESULTS = Path("eval/results")
 
@@ -61,6 +62,8 @@ def run_worker(role: str, cpu: int, spec_path: Path, out: Path) -> None:
     t0 = time.perf_counter()
     if role == "draft":
         model = DraftModel.load(spec["draft"], num_slots=spec["kv_slots"])
+        if spec.get("draft_vocab"):
+            model.use_vocab(for_model(spec["draft"], spec["draft_vocab"]))
         load_s = time.perf_counter() - t0
         watch = Stopwatch([_barrier(sync_dir, "draft", "target")])
         result: Any = bench_draft(
@@ -129,6 +132,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--target", type=Path, help="target model folder (default: the 1.5B)")
     parser.add_argument("--draft", type=Path, help="draft model folder (default: the 0.5B)")
     parser.add_argument("--kv-slots", type=int, default=16384)
+    parser.add_argument(
+        "--draft-vocab", type=int, default=0, help="reduced draft vocabulary N (0 = all)"
+    )
     parser.add_argument("--wait-load", type=float, help="wait until the 1-min load is below")
     parser.add_argument("--max-wait", type=float, default=3600.0)
     parser.add_argument("--out", type=Path, default=RESULTS / "bench-speculator.json")
@@ -230,6 +236,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "lookahead": a.lookahead,
         "temperature": a.temperature,
         "kv_slots": a.kv_slots,
+        "draft_vocab": a.draft_vocab,
     }
     run = run_workers(spec, {"target": a.target_cpu, "draft": a.draft_cpu})
     if run is None:

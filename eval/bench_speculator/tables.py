@@ -46,9 +46,16 @@ def summarize(draft: dict[str, Any], target: list[dict[str, Any]]) -> list[dict[
                 "verify_clean_samples": verify[b][1],
                 "jit_clean_samples": jit[b][1],
                 "mean_prefix_len": statistics.mean(p["prefix_len"]),
+                "phases_s": median_phases(p.get("phases", [])),
             }
         )
     return sorted(rows, key=lambda r: (r["batch"], r["depth"], r["budget"]))
+
+
+def median_phases(samples: Sequence[dict[str, float]]) -> dict[str, float]:
+    """Per phase, the median seconds over the builds (a phase missing from a build counts 0)."""
+    names = sorted({name for sample in samples for name in sample})
+    return {n: statistics.median(s.get(n, 0.0) for s in samples) for n in names}
 
 
 def format_table(rows: Sequence[dict[str, Any]], minima: bool = False) -> str:

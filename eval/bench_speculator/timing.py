@@ -102,7 +102,8 @@ def bench_draft(
 
     Returns:
         {"builds": [{batch, depth, budget, fanout, seconds[], foreign[], forwards[],
-        prefix_len[]}], "jit": [{batch, seconds[], foreign[], forwards[]}],
+        prefix_len[], phases[] (seconds by `sglang_ssd.phases` name per build)}],
+        "jit": [{batch, seconds[], foreign[], forwards[]}],
         "open": [{batch, seconds[]}], "passes": n}.
 
     Raises:
@@ -190,13 +191,16 @@ class _DraftBench:
                 "foreign": [],
                 "forwards": [],
                 "prefix_len": [],
+                "phases": [],
             },
         )
         point["prefix_len"].append(len(engine.requests[rids[0]].committed))
         count = model.forward_count
+        engine.phases.take()
         self.watch.start()
         engine.build(rids)
         _append(point, *self.watch.stop())
+        point["phases"].append(engine.phases.take())
         forwards = model.forward_count - count
         point["forwards"].append(forwards)
         if forwards != 1 + depth:

@@ -135,7 +135,8 @@ class DraftModel:
 
         Every later `forward` computes logits for `vocab.ids` only and gives every other id
         -inf, so sampling, argmax and fork candidates stay inside the kept ids and q is zero
-        outside them (`draft_vocab`). Costs one copy of those lm_head rows (N × hidden).
+        outside them (`draft_vocab`). Costs one copy of those lm_head rows (N × hidden). A
+        vocabulary of every id is the full head (None).
 
         Raises:
             ValueError: when `vocab.vocab_size` differs from the model's V.
@@ -144,6 +145,8 @@ class DraftModel:
             raise ValueError(
                 f"draft vocabulary for V={vocab.vocab_size}, model has {self.vocab_size}"
             )
+        if vocab is not None and vocab.size == self.vocab_size:
+            vocab = None
         self.vocab = vocab
         self._head_weight = None
         if vocab is not None:

@@ -197,13 +197,18 @@ def load_or_build(
 
     Args:
         model_path: an HF model folder with its tokenizer files.
-        size: N, the most frequent ids kept (special tokens and `eos_ids` come on top).
+        size: N, the most frequent ids kept (special tokens and `eos_ids` come on top);
+            N >= V keeps every id (nothing is counted).
         vocab_size: V, the draft's logit width (ids >= the tokenizer's size are never kept).
         eos_ids: the model's end-of-sequence ids.
 
     Raises:
-        ValueError: `size` outside 1..V, or a cached file for another V.
+        ValueError: `size` < 1.
     """
+    if size >= vocab_size:
+        return DraftVocab(
+            torch.arange(vocab_size), vocab_size, f"the whole vocabulary ({size} >= V)"
+        )
     path = cache_path(model_path, vocab_size, size)
     if path.is_file():
         saved = torch.load(path, weights_only=True)
