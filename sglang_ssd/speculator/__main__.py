@@ -20,8 +20,8 @@ import torch
 
 from sglang_ssd.config import SSDConfig, parse_cpu_list
 from sglang_ssd.placement import pin_process
+from sglang_ssd.speculator import draft_vocab
 from sglang_ssd.speculator.draft_model import DraftModel
-from sglang_ssd.speculator.draft_vocab import load_or_build
 from sglang_ssd.speculator.engine import SpeculatorEngine
 from sglang_ssd.speculator.kv_pool import POOL_MEMORY_SHARE
 from sglang_ssd.speculator.server import SpeculatorServer
@@ -103,13 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         pool.num_slots * pool.bytes_per_slot / 2**20,
     )
     if config.draft_vocab:
-        model.use_vocab(
-            load_or_build(
-                args.model_path, config.draft_vocab, model.vocab_size, model.eos_token_ids
-            )
-        )
-        logger.info("draft vocabulary: %d of %d ids (%s)", model.vocab.size, model.vocab_size,
-                    model.vocab.source)  # fmt: skip
+        draft_vocab.install(model, args.model_path, config.draft_vocab)
     engine = SpeculatorEngine(model, config)
     try:
         link = SpeculatorLink.connect(

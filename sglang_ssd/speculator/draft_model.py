@@ -129,14 +129,16 @@ class DraftModel:
         self.phases = PhaseTimer()
         self.vocab: DraftVocab | None = None
         self._head_weight: torch.Tensor | None = None  # lm_head rows of `vocab.ids`
+        self._head_ids: torch.Tensor | None = None  # `vocab.ids` on the model's device
 
     def use_vocab(self, vocab: DraftVocab | None) -> None:
         """Restrict the LM head to `vocab` (None: the full vocabulary again).
 
         Every later `forward` computes logits for `vocab.ids` only and gives every other id
         -inf, so sampling, argmax and fork candidates stay inside the kept ids and q is zero
-        outside them (`draft_vocab`). Costs one copy of those lm_head rows (N × hidden). A
-        vocabulary of every id is the full head (None).
+        outside them (`draft_vocab`); fork candidates do too while N >= the candidates asked
+        for. Costs one copy of those lm_head rows (N × hidden). A vocabulary of every id is the
+        full head (None).
 
         Raises:
             ValueError: when `vocab.vocab_size` differs from the model's V.
@@ -148,10 +150,11 @@ class DraftModel:
         if vocab is not None and vocab.size == self.vocab_size:
             vocab = None
         self.vocab = vocab
-        self._head_weight = None
+        self._head_weight = self._head_ids = None
         if vocab is not None:
-            ids = vocab.ids.to(self.device)
-            self._head_weight = self.lm_head.weight.detach().index_select(0, ids).contiguous()
+            self._head_ids = vocab.ids.to(self.device)
+            weight = self.lm_head.weight.detach()
+            self._head_weight = weight.index_select(0, self._head_ids).contiguous()
 
     @classmethod
     def load(
@@ -303,10 +306,10 @@ class DraftModel:
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 [M, V] logits of `hidden` [M, hidden]; -inf outside a reduced vocabulary."""
-        if self.vocab is None or self._head_weight is None:
+        if self._head_weight is None or self._head_ids is None:
             return self.lm_head(hidden).float()
         bias = getattr(self.lm_head, "bias", None)
-        ids = self.vocab.ids.to(hidden.device)
+        ids = self._head_ids
         kept = torch.nn.functional.linear(
             hidden, self._head_weight, None if bias is None else bias[ids]
         ).float()

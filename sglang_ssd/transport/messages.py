@@ -50,7 +50,7 @@ Role = Literal["target", "speculator"]
 StepBackup = Literal["jit", "ngram", "random"]
 QDtype = Literal["float32", "bfloat16", "float16"]
 PhaseName = Annotated[str, Meta(min_length=1, max_length=32, pattern=r"^[a-z0-9_]+$")]
-MAX_PHASES = 64
+MAX_PHASES = MAX_DEPTH + 64  # a tree_d phase per depth, and the others
 
 
 AdminOp = Literal["config", "configure", "stats"]

@@ -54,11 +54,16 @@ def test_cached_vocabulary_round_trips(tiny_draft, tmp_path, monkeypatch) -> Non
     assert path.parent == tmp_path / "draft_vocab"
     again = draft_vocab.load_or_build(tiny_draft, KEPT, vocab.vocab_size, eos_ids=[])
     assert torch.equal(again.ids, vocab.ids) and str(path) in again.source
-    whole = draft_vocab.load_or_build(tiny_draft, 10**6, vocab.vocab_size, eos_ids=[])
-    assert whole.size == vocab.vocab_size  # N >= V: every id, nothing counted
     model = DraftModel.load(tiny_draft, dtype=torch.float32, num_slots=16)
-    model.use_vocab(whole)
+    assert (
+        draft_vocab.install(model, tiny_draft, KEPT).size == vocab.size
+    )  # what the speculator runs
+    assert model.vocab is not None and torch.equal(model.vocab.ids, vocab.ids)
+    whole = draft_vocab.install(model, tiny_draft, 10**6)
+    assert whole.size == vocab.vocab_size  # N >= V: every id, nothing counted
     assert model.vocab is None  # the full head, no copy
+    with pytest.raises(ValueError, match=">= 1"):
+        draft_vocab.load_or_build(tiny_draft, 0, vocab.vocab_size, eos_ids=[])
 
 
 def test_reduced_head_gives_the_full_heads_logits_on_kept_ids(tiny_draft) -> None:
