@@ -6,12 +6,20 @@ and SGLang imports it from multimodal modules that text models never call. Idemp
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import sys
 import sysconfig
 from pathlib import Path
 
 PTH_NAME = "sglang_ssd_placeholders.pth"
+MARKER = "sglang_ssd.placeholder"  # in every placeholder's __init__.py (its __version__)
+
+
+def _is_placeholder(spec: importlib.machinery.ModuleSpec | None) -> bool:
+    """Whether `spec` is a placeholder torchvision, from this checkout or any other."""
+    origin = Path(spec.origin) if spec is not None and spec.origin else None
+    return origin is not None and origin.is_file() and MARKER in origin.read_text(errors="ignore")
 
 
 def main() -> None:
@@ -21,10 +29,12 @@ def main() -> None:
     if pth.exists():
         pth.unlink()
     # This interpreter read the old .pth at start-up: look for torchvision without it, or the
-    # placeholder would pass for a real torchvision and a reinstall would drop the .pth.
+    # placeholder would pass for a real torchvision and a reinstall would drop the .pth. A
+    # placeholder found anyway (another checkout's, on PYTHONPATH) is not a real torchvision.
     sys.path[:] = [p for p in sys.path if Path(p).resolve() != placeholders]
     importlib.invalidate_caches()
-    if importlib.util.find_spec("torchvision") is not None:
+    spec = importlib.util.find_spec("torchvision")
+    if spec is not None and not _is_placeholder(spec):
         print("[placeholders] real torchvision present; no placeholder")
         return
     pth.write_text(f"{placeholders}\n")
