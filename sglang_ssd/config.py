@@ -254,8 +254,10 @@ class SSDConfig:
         default=0,
         metadata=flag(
             "Draft vocabulary: the speculator drafts only among the N most frequent token ids "
-            "of local code and text (0 = the whole vocabulary). Cuts the draft's LM head; q is "
-            "zero elsewhere and verification uses it, so output is unchanged.",
+            "of local code and text, plus the special and EOS ids (0 = the whole vocabulary). "
+            "Cuts the draft's LM head; q is zero elsewhere and verification uses it, so output "
+            "is unchanged. Counted once per tokenizer (~25 s at the first start) and cached in "
+            "~/.cache/sglang_ssd/draft_vocab.",
             ok=lambda v: isinstance(v, int) and 0 <= v <= MAX_DRAFT_VOCAB,
             rule=f"must be an integer in 0..{MAX_DRAFT_VOCAB}",
             metavar="N",

@@ -253,7 +253,7 @@ def load_or_build(
     path = cache_path(model_path, vocab_size, size)
     if path.is_file():
         saved = torch.load(path, weights_only=True)
-        return DraftVocab(saved["ids"], vocab_size, f"{path}: {saved['source']}")
+        return DraftVocab(saved["ids"], vocab_size, f"read from {path}; {saved['source']}")
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -310,13 +310,18 @@ def for_model(model_path: str | os.PathLike[str], size: int) -> DraftVocab:
 
 def main(argv: list[str] | None = None) -> None:
     """CLI: build (or read) the cached vocabulary of `--size` ids for `--model`; print its size."""
-    parser = argparse.ArgumentParser(prog="python -m sglang_ssd.speculator.draft_vocab")
+    parser = argparse.ArgumentParser(
+        prog="python -m sglang_ssd.speculator.draft_vocab",
+        description="Count (or read from the cache) the reduced draft vocabulary that "
+        "`--ssd-draft-vocab N` uses: the N most frequent ids of the model's tokenizer on local "
+        "code and text, plus its special and EOS ids.",
+    )
     parser.add_argument("--model", required=True, help="HF model folder (tokenizer + config)")
-    parser.add_argument("--size", type=int, default=32768)
+    parser.add_argument("--size", type=int, default=32768, help="N, the most frequent ids kept")
     args = parser.parse_args(argv)
     logging.basicConfig(level="INFO")
     vocab = for_model(args.model, args.size)
-    print(f"{vocab.size} ids ({vocab.source})")
+    print(f"{vocab.size} ids: the {args.size} most frequent + special and EOS ids ({vocab.source})")
 
 
 if __name__ == "__main__":
