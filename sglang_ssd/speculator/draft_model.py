@@ -26,7 +26,7 @@ from transformers import AttentionInterface, AutoModelForCausalLM
 from transformers.masking_utils import AttentionMaskInterface
 
 from sglang_ssd.phases import PhaseTimer
-from sglang_ssd.speculator.draft_vocab import DraftVocab
+from sglang_ssd.speculator.draft_vocab import DraftVocab, eos_ids_of
 from sglang_ssd.speculator.kv_pool import KVPool, affordable_slots, available_memory, slot_bytes
 
 ATTN_IMPLEMENTATION = "ssd_paged"
@@ -223,14 +223,7 @@ class DraftModel:
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
         """End-of-sequence ids from the config and the generation config (deduplicated)."""
-        ids: list[int] = []
-        sources = [self.config, getattr(self.hf, "generation_config", None)]
-        for source in sources:
-            value = getattr(source, "eos_token_id", None)
-            for item in value if isinstance(value, (list, tuple)) else [value]:
-                if item is not None and int(item) not in ids:
-                    ids.append(int(item))
-        return tuple(ids)
+        return eos_ids_of(self.config, getattr(self.hf, "generation_config", None))
 
     @torch.inference_mode()
     def forward(

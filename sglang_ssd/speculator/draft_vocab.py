@@ -16,7 +16,7 @@ list is a pure function of the installed files. The tokenizer's special tokens a
 EOS ids are always kept. Built once per (tokenizer, N) and cached under
 ``~/.cache/sglang_ssd/draft_vocab/`` (or `$SGLANG_SSD_CACHE`).
 
-CLI (prebuild, or inspect coverage): ``python -m sglang_ssd.speculator.draft_vocab --model PATH
+CLI (prebuild): ``python -m sglang_ssd.speculator.draft_vocab --model PATH
 --size 32768``.
 """
 
@@ -281,14 +281,16 @@ def install(model: DraftModel, model_path: str | os.PathLike[str], size: int) ->
     return vocab
 
 
-def coverage(vocab: DraftVocab, token_ids: Sequence[int]) -> float:
-    """Fraction of `token_ids` (e.g. a target's outputs) inside the reduced vocabulary: an
-    upper bound on how often a draft token can match the target's."""
-    if not token_ids:
-        return 1.0
-    keep = torch.zeros(vocab.vocab_size, dtype=torch.bool)
-    keep[vocab.ids] = True
-    return float(keep[torch.tensor(list(token_ids), dtype=torch.int64)].float().mean())
+def eos_ids_of(*configs: object) -> tuple[int, ...]:
+    """The end-of-sequence ids the given configs name (`eos_token_id`: an int, a list or None),
+    in order, deduplicated; `DraftModel.eos_token_ids` and `for_model` read them this way."""
+    ids: list[int] = []
+    for config in configs:
+        value = getattr(config, "eos_token_id", None)
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            if item is not None and int(item) not in ids:
+                ids.append(int(item))
+    return tuple(ids)
 
 
 def for_model(model_path: str | os.PathLike[str], size: int) -> DraftVocab:
@@ -300,12 +302,7 @@ def for_model(model_path: str | os.PathLike[str], size: int) -> DraftVocab:
     sources: list[object] = [config]
     with contextlib.suppress(OSError):  # no generation_config.json
         sources.append(GenerationConfig.from_pretrained(model_path))
-    eos_ids: list[int] = []
-    for source in sources:
-        value = getattr(source, "eos_token_id", None)
-        values = value if isinstance(value, list) else [value]
-        eos_ids.extend(int(v) for v in values if v is not None)
-    return load_or_build(model_path, size, int(config.vocab_size), eos_ids)
+    return load_or_build(model_path, size, int(config.vocab_size), eos_ids_of(*sources))
 
 
 def main(argv: list[str] | None = None) -> None:
