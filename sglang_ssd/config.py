@@ -164,11 +164,13 @@ class SSDConfig:
     tree_depth: int | None = field(
         default=None,
         metadata=flag(
-            "Tokens pre-speculated per cache branch, 1..γ (default γ; DESIGN.md §1).",
-            ok=lambda v: v >= 1,
+            "Tokens pre-speculated per cache branch, 1..γ. Default: self-tuned each round to "
+            "the depth the verify can hide (`sglang_ssd.saguaro.self_tuning`); a value pins it.",
+            ok=lambda v: isinstance(v, int) and v >= 1,
             rule="must be in 1..γ",
             metavar="D",
             parse=int,
+            live=True,
         ),
     )
     fanout_budget: int = field(

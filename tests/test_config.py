@@ -67,7 +67,7 @@ def test_every_flag_is_generated_from_its_declaration():
     got = SSDConfig.from_namespace(parser.parse_args(argv), lookahead=3)
     assert got == SSDConfig(3, "sync", 2, 3, "uniform", 0.5, "ngram", 4, "cpu", (1, 2), 9.0)
     assert SSDConfig.from_namespace(parser.parse_args([]), lookahead=4) == SSDConfig()
-    assert set(LIVE_FIELDS) == {"beta", "fanout_budget", "fanout", "backup"}
+    assert set(LIVE_FIELDS) == {"tree_depth", "beta", "fanout_budget", "fanout", "backup"}
 
 
 @pytest.mark.parametrize("bad", [{"beta": "x"}, {"fanout_budget": None}, {"draft_cpus": ()}])

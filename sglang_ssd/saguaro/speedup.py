@@ -25,6 +25,7 @@ def expected_speedup(
     t_backup: float,
     batch_size: int = 1,
     t_ar_over_t_verify: float = 1.0,
+    hit_lookahead: int | None = None,
 ) -> float:
     """Expected speedup of SSD over autoregressive decoding, per request (Theorem 7, corrected).
 
@@ -38,6 +39,8 @@ def expected_speedup(
         batch_size: b >= 1; the batch waits for its slowest request.
         t_ar_over_t_verify: T_AR_step / T_verify (> 0): one AR step's time over one verify's.
             With 1.0 the result is tokens per request per verify time.
+        hit_lookahead: draft tokens of a cache hit, the tree depth D (None: `lookahead`); a
+            miss's backup draft has `lookahead` tokens.
 
     Returns:
         Expected tokens per request per verify time times `t_ar_over_t_verify`, i.e. the
@@ -60,7 +63,7 @@ def expected_speedup(
         raise ValueError(f"batch_size must be an int >= 1, got {batch_size}")
     if not (math.isfinite(t_ar_over_t_verify) and t_ar_over_t_verify > 0.0):
         raise ValueError(f"t_ar_over_t_verify must be > 0, got {t_ar_over_t_verify}")
-    e_hit = expected_accept_length(alpha_hit, lookahead)
+    e_hit = expected_accept_length(alpha_hit, lookahead if hit_lookahead is None else hit_lookahead)
     e_miss = expected_accept_length(alpha_miss, lookahead)
     tokens = p_hit * e_hit + (1.0 - p_hit) * e_miss
     p_all_hit = p_hit ** int(batch_size)

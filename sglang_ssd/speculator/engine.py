@@ -80,6 +80,7 @@ class SpeculatorEngine:
         self.kv_exhausted_builds = 0
         # Drafts served by a backup because the request's prefill was still being chunked in.
         self.prefill_backup_drafts = 0
+        self.last_build_depth = 0  # D of the latest pre-speculation (self-tuned by the target)
 
     @property
     def phases(self) -> PhaseTimer:
@@ -145,8 +146,9 @@ class SpeculatorEngine:
         """The engine's counters for `/ssd/stats`: the speculation cache's (`cache_*`), KV slots
         in use and in all, open requests and those still prefilling, cached entries, the live
         hit-model exponent r, the rounds the KV pool or a pending prefill degraded
-        (`kv_exhausted` = drafts + builds) and the ids the draft samples from
-        (`draft_vocab_size`, `--ssd-draft-vocab`)."""
+        (`kv_exhausted` = drafts + builds), the ids the draft samples from
+        (`draft_vocab_size`, `--ssd-draft-vocab`) and the D of the latest build
+        (`build_tree_depth`)."""
         out = {f"cache_{k}": float(v) for k, v in self.cache.stats.items()}
         out["kv_slots_used"] = float(self.num_used_slots())
         out["kv_slots_total"] = float(self.model.kv_pool.num_slots)
@@ -160,6 +162,7 @@ class SpeculatorEngine:
         out["prefill_backup_drafts"] = float(self.prefill_backup_drafts)
         vocab = self.model.vocab
         out["draft_vocab_size"] = float(vocab.size if vocab is not None else self.vocab_size)
+        out["build_tree_depth"] = float(self.last_build_depth)
         return out
 
     # ---------------------------------------------------------------- outcomes
@@ -387,23 +390,31 @@ class SpeculatorEngine:
         if todo:
             self.build(todo)
 
-    def build(self, rids: Sequence[str]) -> None:
+    def build(self, rids: Sequence[str], depth: int | None = None) -> None:
         """Pre-speculate the next round for `rids` (glue, fork, tree decode, populate).
 
-        Requests still prefilling are skipped, and so (counted) are those whose glue and
-        branches the KV pool cannot hold: their next round misses the cache.
+        `depth` is D, the tokens decoded per branch (the target's self-tuned choice, 1..γ;
+        None or 0: the configured `config.depth`). Requests still prefilling are skipped, and so
+        (counted) are those whose glue and branches the KV pool cannot hold: their next round
+        misses the cache.
+
+        Raises:
+            ValueError: `depth` outside 0..γ.
         """
+        if depth is not None and not 0 <= depth <= self.config.lookahead:
+            raise ValueError(f"tree depth must be in 1..γ={self.config.lookahead}, got {depth}")
+        depth = depth or self.config.depth
+        self.last_build_depth = depth
         states = [s for r in rids if (s := self.requests.get(r)) is not None and s.draft]
         states = [s for s in states if s.branches is None and s.backlog == 0]
         if not states or self.config.fanout_budget == 0:
             return
         plan = self.plan()
         needs = [
-            len(s.sequence) - s.num_fed + sum(plan.fanout(s.draft.depth)) * self.config.depth
-            for s in states
+            len(s.sequence) - s.num_fed + sum(plan.fanout(s.draft.depth)) * depth for s in states
         ]
         fits = admit(needs, self._pool_free())
         self.kv_exhausted_builds += fits.count(False)
         states = [s for s, ok in zip(states, fits, strict=True) if ok]
         if states:
-            prespeculate(self.model, self.cache, states, plan, self.config.beta, self.config.depth)
+            prespeculate(self.model, self.cache, states, plan, self.config.beta, depth)

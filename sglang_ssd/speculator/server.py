@@ -151,7 +151,7 @@ class SpeculatorServer:
         self.build_s = 0.0
         if engine.config.mode == "async":
             t3 = time.perf_counter()
-            self._timed_rest("build", lambda: engine.build(step.requests))
+            self._timed_rest("build", lambda: engine.build(step.requests, step.tree_depth))
             self.build_s = time.perf_counter() - t3
             self.counters["build_s"] += self.build_s
 

@@ -27,12 +27,13 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
-from sglang_ssd.config import LIVE_FIELDS, SSDConfig, check_setting
+from sglang_ssd.config import FLAGS, LIVE_FIELDS, SSDConfig, check_setting
 
 # 2: Configure/ConfigureAck carry LiveSettings; dropped DraftEntry.round_id and
 # SpeculatorTiming.idle_s (nobody read them). 3: dropped Outcome.round_id (always 0) and
 # Close.reason (never read). 4: SpeculatorTiming.phases (seconds by phase, issue 12).
-PROTOCOL_VERSION = 4
+# 5: Step.tree_depth (the target's self-tuned D for the build after this Step).
+PROTOCOL_VERSION = 5
 
 MAX_ID = 2**63 - 1
 MAX_TOKEN_ID = 2**31 - 1
@@ -174,14 +175,16 @@ class Step(_Message, tag="step"):
     """Target → speculator, once per decode round.
 
     step_id: strictly increasing per link. outcomes: the last round's results; requests: rids (in
-    batch order) that need a draft now; backup: the fallback the target chose for misses.
-    Every Step is answered by exactly one `Drafts` with the same step_id.
+    batch order) that need a draft now; backup: the fallback the target chose for misses;
+    tree_depth: D for the pre-speculation after this Step (`DepthTuner`), 0 = the speculator's
+    configured depth. Every Step is answered by exactly one `Drafts` with the same step_id.
     """
 
     step_id: Id
     outcomes: Annotated[list[Outcome], Meta(max_length=MAX_BATCH)]
     requests: Annotated[list[Rid], Meta(max_length=MAX_BATCH)]
     backup: StepBackup
+    tree_depth: Annotated[int, Meta(ge=0, le=MAX_DEPTH)] = 0
 
     def __post_init__(self) -> None:
         _unique("Step.outcomes", [o.rid for o in self.outcomes])
@@ -293,9 +296,9 @@ LiveSettings = msgspec.defstruct(
     bases=(_LiveSettingsBase,),
     module=__name__,
     namespace={
-        "__doc__": "The settings that can change while serving (`config.LIVE_FIELDS`: β, fan-out "
-        "budget and shape, backup), each optional (None: not given / unchanged), each checked "
-        "by its `SSDConfig` declaration on construction and decode.",
+        "__doc__": "The settings that can change while serving (`config.LIVE_FIELDS`: tree depth, "
+        "β, fan-out budget and shape, backup), each optional (None: not given / unchanged), each "
+        "checked by its `SSDConfig` declaration on construction and decode.",
     },
 )
 
@@ -312,7 +315,9 @@ class ConfigureAck(_Message, tag="configure_ack"):
     applied: LiveSettings
 
     def __post_init__(self) -> None:
-        missing = sorted(set(LIVE_FIELDS) - set(self.applied.given()))
+        # A setting whose default is None (tree depth: self-tuned) may be None in force too.
+        required = {name for name in LIVE_FIELDS if FLAGS[name].default is not None}
+        missing = sorted(required - set(self.applied.given()))
         if missing:
             raise ValueError(f"ConfigureAck.applied lacks {missing}")
 

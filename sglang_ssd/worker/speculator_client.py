@@ -24,6 +24,7 @@ from sglang_ssd.config import SSDConfig, TargetCapacity
 from sglang_ssd.phases import PhaseTimer
 from sglang_ssd.placement import place
 from sglang_ssd.saguaro import Backup, BackupStats, FallbackPolicy
+from sglang_ssd.saguaro.self_tuning import DepthTuner
 from sglang_ssd.transport import (
     Close,
     Configure,
@@ -97,9 +98,13 @@ class SpeculatorClient:
         self.vocab_size = vocab_size
         self.local: DraftSupplier = LocalNgramProvider(config.lookahead)
         self.policy = default_policy(config)
+        # D per build: self-tuned unless --ssd-tree-depth (or POST /ssd/config) pins it.
+        self.tuner = DepthTuner(config.lookahead, pinned=config.tree_depth)
+        self._build_depth = 0  # D sent with the last Step (its build's phases come back next)
         self.opened: dict[str, int] = {}  # rid -> committed tokens the speculator holds
         self.pending: dict[str, tuple[int, int]] = {}  # rid -> (k, bonus) not yet reported
         self.last_sources: dict[str, str] = {}
+        self.last_depths: dict[str, int] = {}  # rid -> tokens of its draft this round
         self.step_id = 0
         self.decode_rounds = 0
         self.last_seen: dict[str, int] = {}  # rid -> decode round it was last prefilled/decoded
@@ -213,8 +218,35 @@ class SpeculatorClient:
         backup = "jit" if self.config.mode == "sync" else self.policy.choose(len(reqs)).value
         self.step_id += 1
         rids = [req.rid for req in reqs]
-        link.send_step(Step(step_id=self.step_id, outcomes=outcomes, requests=rids, backup=backup))
-        return self._to_batch(reqs, self._wait_drafts(link))
+        depth = self._choose_depth(len(reqs), Backup(backup))
+        link.send_step(
+            Step(
+                step_id=self.step_id,
+                outcomes=outcomes,
+                requests=rids,
+                backup=backup,
+                tree_depth=depth,
+            )
+        )
+        got = self._wait_drafts(link)
+        self.tuner.observe_build(got[0].timing.phases, self._build_depth)
+        self._build_depth = depth
+        return self._to_batch(reqs, got)
+
+    def _choose_depth(self, batch_size: int, backup: Backup) -> int:
+        """D for the build after this Step (`DepthTuner.choose` on the policy's live figures);
+        0 in sync mode, which builds nothing."""
+        if self.config.mode == "sync":
+            return 0
+        policy = self.policy
+        miss = policy.backups.get(backup) or policy.backups[Backup.NGRAM]
+        return self.tuner.choose(
+            t_verify=policy.t_verify,
+            p_hit=policy.p_hit,
+            alpha_miss=miss.alpha,
+            t_backup=miss.latency,
+            batch_size=batch_size,
+        )
 
     def _wait_drafts(self, link: TargetLink) -> ReceivedDrafts:
         """The reply to the outstanding Step, waiting at most `--ssd-speculator-timeout` and
@@ -263,6 +295,7 @@ class SpeculatorClient:
         self.speculator_phases.merge(timing.phases)
         self.drafts_received += 1
         self.last_sources = {req.rid: s for req, s in zip(reqs, sources, strict=True)}
+        self.last_depths = {req.rid: int(d) for req, d in zip(reqs, depth.tolist(), strict=True)}
         return DraftBatch(tokens=tokens, depth=depth, q=dense_q, has_q=has_q, sources=sources)
 
     def record_outcomes(
@@ -286,6 +319,14 @@ class SpeculatorClient:
         for rid, k in zip(rids, accept_lens, strict=True):
             by_source.setdefault(self.last_sources.get(rid, "local-ngram"), []).append(k + 1)
         hits = by_source.get("cache", [])
+        hit_rids = [
+            (r, k)
+            for r, k in zip(rids, accept_lens, strict=True)
+            if self.last_sources.get(r) == "cache"
+        ]
+        self.tuner.observe_hits(
+            [k for _, k in hit_rids], [self.last_depths.get(r, 0) for r, _ in hit_rids]
+        )
         self.policy.observe(
             hit_rate=len(hits) / len(rids),
             accept_length_hit=sum(hits) / len(hits) if hits else None,
@@ -336,6 +377,8 @@ class SpeculatorClient:
                 longest = self.capacity.longest_request if self.capacity is not None else 0
                 self.config.check_fanout_budget(changes["fanout_budget"], longest, self.vocab_size)
             self.config = self.config.replace(**changes)
+            if "tree_depth" in changes:
+                self.tuner.pin(changes["tree_depth"])
             if "backup" in changes:
                 self.policy.mode = (
                     Backup(changes["backup"]) if changes["backup"] != "auto" else "auto"
@@ -378,6 +421,7 @@ class SpeculatorClient:
                 target_tracked=len(self.last_seen),
                 draft_kv_tokens=float(self.config.draft_kv_tokens or 0),
             )
+            out.update(self.tuner.stats())
             if self.process is not None:
                 out["speculator_pid"] = float(self.process.pid)
         return out

@@ -233,7 +233,7 @@ def test_admin_refuses_bad_changes(changes: Any) -> None:
         (b'{"beta": "x"}', "$.beta"),
         (b'{"fanout_budget": 2.5}', "$.fanout_budget"),
         (b'{"backup": "oracle"}', "$.backup"),
-        (b'{"tree_depth": 2}', "tree_depth"),
+        (b'{"tree_depth": 0}', "--ssd-tree-depth must be in 1..γ"),
         (b"{}", "no settings"),
         (b"[1]", "object"),
         (b"{bad", "malformed JSON"),
@@ -399,7 +399,7 @@ def test_admin_routes_over_the_bridge(tmp_path) -> None:
     reply = client.post("/ssd/config", json={"beta": 0.25})
     assert reply.status_code == 200 and reply.json()["config"]["beta"] == 0.25
     assert client.get("/ssd/config").json()["beta"] == 0.25
-    for bad in (b"{bad", b"[]", b'{"beta": 0}', b'{"tree_depth": 2}', b'{"beta": true}', b"{}"):
+    for bad in (b"{bad", b"[]", b'{"beta": 0}', b'{"tree_depth": 0}', b'{"beta": true}', b"{}"):
         reply = client.post("/ssd/config", content=bad)
         assert reply.status_code == 400 and reply.json()["error"]["message"], bad
     assert client.get("/ssd/stats").json()["avg_transport_s"] == pytest.approx(0.01)

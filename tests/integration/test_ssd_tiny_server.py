@@ -118,3 +118,28 @@ def test_speculator_is_a_separate_process_on_disjoint_cores(servers):
     target_cpus = set(os.sched_getaffinity(scheduler.pid))
     draft_cpus = set(os.sched_getaffinity(speculators[0].pid))
     assert target_cpus and draft_cpus and not target_cpus & draft_cpus
+
+
+def test_tree_depth_is_self_tuned_until_pinned(servers):
+    """Default: the target picks D each round (`DepthTuner`) and sends it with the Step;
+    `POST /ssd/config {"tree_depth": 1}` pins it, the speculator builds at D = 1 from then on,
+    and greedy output stays the target's. (Last in the module: the "ssd" server stays pinned.)"""
+    url = servers["ssd"].url
+    stats = requests.get(f"{url}/ssd/stats", timeout=60).json()["speculator"]
+    assert stats["tree_depth_pinned"] == 0.0
+    assert 1 <= stats["tree_depth"] <= 4 and stats["tuner_t_forward_s"] > 0
+    assert stats["build_tree_depth"] == stats["tree_depth"]
+    reply = requests.post(f"{url}/ssd/config", json={"tree_depth": 1}, timeout=60)
+    assert reply.status_code == 200, reply.text
+    prompt = PROMPTS[1]
+    expected = _generate(servers["ar"], prompt, 30, temperature=0)
+    got = _generate(servers["ssd"], prompt, 30, temperature=0)
+    assert got["output_ids"] == expected["output_ids"]
+    stats = requests.get(f"{url}/ssd/stats", timeout=60).json()["speculator"]
+    assert (stats["tree_depth"], stats["tree_depth_pinned"], stats["build_tree_depth"]) == (
+        1.0,
+        1.0,
+        1.0,
+    )
+    bad = requests.post(f"{url}/ssd/config", json={"tree_depth": 5}, timeout=60)
+    assert bad.status_code == 400 and "1..γ=4" in bad.text

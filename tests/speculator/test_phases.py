@@ -48,6 +48,27 @@ def test_each_drafts_names_the_rounds_phases_and_they_add_up(tiny_draft) -> None
     assert total <= timing.build_s + timing.lookup_s + timing.backup_s + phases["pack"] + 1e-4
 
 
+def test_the_step_sets_the_depth_of_the_build_after_it(tiny_draft) -> None:
+    """Step.tree_depth (the target's self-tuned D) overrides the configured depth (γ = 4 here)
+    for the pre-speculation that follows that Step; 0 leaves the configured one."""
+    engine = _engine(tiny_draft)
+    outcome = [Outcome(rid="r", accept_len=0, bonus=7)]
+    link = QueuedLink(
+        engine,
+        [
+            Open(rid="r", token_ids=PROMPT, sampling=GREEDY, prespeculate=False),
+            Step(step_id=1, outcomes=[], requests=["r"], backup="jit", tree_depth=2),
+            Step(step_id=2, outcomes=outcome, requests=["r"], backup="jit"),
+            Step(step_id=3, outcomes=[], requests=["r"], backup="jit"),
+        ],
+    )
+    SpeculatorServer(link, engine, parent_pid=os.getppid()).run()
+    (_, _), (second, _), (third, _) = link.replies
+    assert {"tree_1", "tree_2"} <= set(second.timing.phases)
+    assert "tree_3" not in second.timing.phases
+    assert "tree_4" in third.timing.phases
+
+
 def test_phase_timer_totals_means_and_the_log_summary() -> None:
     timer = PhaseTimer()
     with timer.phase("glue"):

@@ -133,7 +133,7 @@ def test_construction_and_encode_check_values() -> None:
 
 def test_live_settings_are_the_live_fields_of_ssd_config() -> None:
     hints = typing.get_type_hints(SSDConfig)
-    assert LIVE_FIELDS == ("fanout_budget", "fanout", "beta", "backup")
+    assert LIVE_FIELDS == ("tree_depth", "fanout_budget", "fanout", "beta", "backup")
     assert m.LiveSettings.__struct_fields__ == LIVE_FIELDS
     for name, kind in typing.get_type_hints(m.LiveSettings).items():
         assert kind == hints[name] | None, name
@@ -186,7 +186,7 @@ def test_admin_round_trip(msg: m.AdminMessage) -> None:
         (ADMIN_EXAMPLES[1], ("changes",), None),
         (ADMIN_EXAMPLES[1], ("changes", "beta"), 0.0),
         (ADMIN_EXAMPLES[1], ("changes", "beta"), True),
-        (ADMIN_EXAMPLES[1], ("changes", "tree_depth"), 2),
+        (ADMIN_EXAMPLES[1], ("changes", "tree_depth"), 0),
         (ADMIN_EXAMPLES[3], ("config", "beta"), 2.0),
         (ADMIN_EXAMPLES[3], ("config", "tree_depth"), 9),  # > γ
         (ADMIN_EXAMPLES[3], ("status",), 42),
