@@ -24,8 +24,12 @@ from dataclasses import dataclass
 
 from .speedup import expected_speedup
 
-# Phases of one build that are paid once per draft forward (per depth, the glue included).
-FORWARD_PHASES = ("glue", "lm_head", "sampling")
+# Forward bodies in a Step's phases: the build's glue and tree_* forwards, and the others
+# (prefill, just-in-time drafts) that share the LM head and sampling phases with them.
+BUILD_BODIES = ("glue",)
+OTHER_BODIES = ("prefill", "jit")
+# Per-forward costs recorded apart from the bodies, shared in proportion to body time.
+HEAD_PHASES = ("lm_head", "sampling")
 # Build phases paid once per round whatever D is.
 FIXED_PHASES = ("populate",)
 # A new D must beat the current one's modelled speed by this factor (no flapping on noise).
@@ -99,14 +103,17 @@ class DepthTuner:
         """Fold in one build's phases (seconds by name, as `SpeculatorTiming.phases` carries
         them) that decoded `depth` tree depths; a Step without a build is ignored.
 
-        Forward time is the glue and every ``tree_*`` body plus the LM head and sampling, over
-        1 + depth forwards; `FIXED_PHASES` are once per build.
+        Forward time is the glue and every ``tree_*`` body, plus their share (by body time) of
+        the LM head and sampling, which the Step's prefill and just-in-time forwards also
+        record, over 1 + depth forwards; `FIXED_PHASES` are once per build.
         """
         trees = sum(v for k, v in phases.items() if k.startswith("tree_"))
         if depth < 1 or trees <= 0.0:
             return
-        forwards = trees + sum(phases.get(k, 0.0) for k in FORWARD_PHASES)
-        per_forward = forwards / (1 + depth)
+        built = trees + sum(phases.get(k, 0.0) for k in BUILD_BODIES)
+        bodies = built + sum(phases.get(k, 0.0) for k in OTHER_BODIES)
+        head = sum(phases.get(k, 0.0) for k in HEAD_PHASES)
+        per_forward = built * (1.0 + head / bodies) / (1 + depth)
         fixed = sum(phases.get(k, 0.0) for k in FIXED_PHASES)
         if self.t_forward is None:
             self.t_forward, self.t_fixed = per_forward, fixed

@@ -101,3 +101,17 @@ def test_more_acceptance_makes_depth_worth_more() -> None:
         tuner.observe_build(_build_phases(0.12, depth=GAMMA), GAMMA)
     assert _choose(low, t_verify=0.45) <= _choose(high, t_verify=0.45)
     assert _choose(low, t_verify=0.45) < GAMMA
+
+
+def test_just_in_time_forwards_in_the_same_step_do_not_inflate_the_build_forward() -> None:
+    """A miss round's jit forwards record their LM head and sampling in the same phases as the
+    build's: they are shared out by body time, so t_forward stays the build's own."""
+    alone, with_jit = DepthTuner(GAMMA), DepthTuner(GAMMA)
+    alone.observe_build(_build_phases(0.155, depth=2), 2)
+    phases = _build_phases(0.155, depth=2)
+    jit = _build_phases(0.155, depth=3)  # 4 more forwards of the same cost, as jit recorded them
+    phases["jit"] = jit["glue"] + sum(jit[f"tree_{d}"] for d in range(1, 4))
+    phases["lm_head"] += jit["lm_head"]
+    phases["sampling"] += jit["sampling"]
+    with_jit.observe_build(phases, 2)
+    assert with_jit.t_forward == pytest.approx(alone.t_forward, rel=0.02)
