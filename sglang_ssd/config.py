@@ -164,10 +164,11 @@ class SSDConfig:
     tree_depth: int | None = field(
         default=None,
         metadata=flag(
-            "Tokens pre-speculated per cache branch, 1..γ. Default: self-tuned each round to "
-            "the depth the verify can hide (`sglang_ssd.saguaro.self_tuning`); a value pins it.",
-            ok=lambda v: isinstance(v, int) and v >= 1,
-            rule="must be in 1..γ",
+            "Tokens pre-speculated per cache branch, 1..γ. Default (or 0): self-tuned each round "
+            "to the depth the speedup model rates fastest given the live build and verify times "
+            "(`sglang_ssd.saguaro.self_tuning`); a value pins it.",
+            ok=lambda v: isinstance(v, int) and v >= 0,
+            rule="must be in 0..γ (0: self-tuned)",
             metavar="D",
             parse=int,
             live=True,
@@ -284,7 +285,8 @@ class SSDConfig:
             check_setting(name, getattr(self, name))
         if self.tree_depth is not None and self.tree_depth > self.lookahead:
             raise SSDConfigError(
-                f"--ssd-tree-depth must be in 1..γ={self.lookahead}, got {self.tree_depth}"
+                f"--ssd-tree-depth must be in 0..γ={self.lookahead} (0: self-tuned), "
+                f"got {self.tree_depth}"
             )
         if self.draft_cpus is not None and self.draft_device not in (None, "cpu"):
             raise SSDConfigError("--ssd-draft-cpus only applies with --ssd-draft-device cpu")
@@ -296,8 +298,8 @@ class SSDConfig:
 
     @property
     def depth(self) -> int:
-        """D, the effective tree depth (γ when `tree_depth` is None)."""
-        return self.lookahead if self.tree_depth is None else self.tree_depth
+        """D when pinned, else γ, the deepest a self-tuned build goes (`tree_depth` None or 0)."""
+        return self.tree_depth or self.lookahead
 
     @property
     def branch_slots(self) -> int:
@@ -307,13 +309,14 @@ class SSDConfig:
     def draft_kv_slots(self, capacity: TargetCapacity | None) -> int:
         """The speculator's KV pool in tokens: `draft_kv_tokens` when given; else room for every
         token the target's pool holds (each committed token is also in the draft's KV) plus, per
-        running request, its draft and root (γ + 1) and its branches (B × D); else (capacity
-        unknown) `DEFAULT_DRAFT_KV_TOKENS`. At most `MAX_DRAFT_KV_TOKENS`."""
+        running request, its draft and root (γ + 1) and its branches (B × γ: the tree depth is
+        live, so room for the deepest); else (capacity unknown) `DEFAULT_DRAFT_KV_TOKENS`. At
+        most `MAX_DRAFT_KV_TOKENS`."""
         if self.draft_kv_tokens is not None:
             return self.draft_kv_tokens
         if capacity is None:
             return DEFAULT_DRAFT_KV_TOKENS
-        per_request = self.lookahead + 1 + self.branch_slots
+        per_request = self.lookahead + 1 + self.fanout_budget * self.lookahead
         slots = capacity.max_total_tokens + capacity.max_running_requests * per_request
         return min(slots, MAX_DRAFT_KV_TOKENS)
 
@@ -332,7 +335,7 @@ class SSDConfig:
         if budget <= self.fanout_budget:
             return
         limit, why = fanout_budget_limit(
-            self.draft_kv_slots(None), longest_request, self.lookahead, self.depth, vocab_size
+            self.draft_kv_slots(None), longest_request, self.lookahead, self.lookahead, vocab_size
         )
         if budget > limit:
             raise SSDConfigError(

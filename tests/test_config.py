@@ -35,7 +35,7 @@ def test_defaults_are_valid_and_round_trip_through_env():
         ({"beta": 0.0}, "--ssd-beta"),
         ({"beta": 1.5}, "--ssd-beta"),
         ({"tree_depth": 5}, "--ssd-tree-depth"),
-        ({"tree_depth": 0}, "--ssd-tree-depth"),
+        ({"tree_depth": -1}, "--ssd-tree-depth"),
         ({"mode": "turbo"}, "--ssd-mode"),
         ({"fanout": "cubic"}, "--ssd-fanout"),
         ({"backup": "oracle"}, "--ssd-backup"),
@@ -164,7 +164,8 @@ def test_tree_depth_above_gamma_refused():
 def test_draft_kv_pool_is_sized_from_the_target_unless_given():
     capacity = TargetCapacity(max_total_tokens=2048, max_running_requests=48, context_len=1024)
     config = SSDConfig(lookahead=4, fanout_budget=8, tree_depth=3)
-    assert config.draft_kv_slots(capacity) == 2048 + 48 * (4 + 1 + 8 * 3)
+    # Branches sized for γ = 4, not the pinned D = 3: the depth can change while serving.
+    assert config.draft_kv_slots(capacity) == 2048 + 48 * (4 + 1 + 8 * 4)
     assert config.draft_kv_slots(None) == DEFAULT_DRAFT_KV_TOKENS
     assert config.replace(draft_kv_tokens=300).draft_kv_slots(capacity) == 300
     assert capacity.longest_request == 1024

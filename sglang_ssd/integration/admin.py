@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import atexit
 import copy
-import dataclasses
 import logging
 import os
 import tempfile
@@ -60,9 +59,9 @@ def _config(worker: Any) -> SSDConfig:
 
 
 def settings(worker: Any) -> SSDConfig:
-    """The SSD settings in force, `tree_depth` resolved to D."""
-    config = _config(worker)
-    return dataclasses.replace(config, tree_depth=config.depth)
+    """The SSD settings in force; `tree_depth` None (or 0) means self-tuned: the D in force is
+    `/ssd/stats`' `speculator.tree_depth`."""
+    return _config(worker)
 
 
 def scheduler_load(scheduler: Any) -> dict[str, float]:

@@ -5,7 +5,7 @@ section 1 holds the exact rules and the corrected formulas. No processes, no SGL
 imports with torch alone and runs on CPU or CUDA tensors (device follows the inputs).
 """
 
-from .acceptance import alpha_from_accept_length, expected_accept_length
+from .acceptance import AcceptanceCounts, alpha_from_accept_length, expected_accept_length
 from .backups import NgramSpeculator, RandomSpeculator
 from .cache import CacheLookup, SparseProbs, SpeculationCache
 from .fallback import Backup, BackupStats, FallbackPolicy
@@ -15,6 +15,7 @@ from .speedup import expected_speedup
 from .verify import VerifyResult, verify
 
 __all__ = [
+    "AcceptanceCounts",
     "Backup",
     "BackupStats",
     "CacheLookup",

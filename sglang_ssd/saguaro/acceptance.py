@@ -9,6 +9,8 @@ by solving E(alpha) = L for a measured accept length L, which is not (L - 1) / g
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 
 def expected_accept_length(alpha: float, lookahead: int) -> float:
@@ -73,3 +75,45 @@ def alpha_from_accept_length(accept_length: float, lookahead: int, tol: float = 
 def _check_alpha(alpha: float) -> None:
     if not (isinstance(alpha, (int, float)) and 0.0 <= alpha <= 1.0):
         raise ValueError(f"alpha must be a probability in [0, 1], got {alpha!r}")
+
+
+@dataclass
+class AcceptanceCounts:
+    """Per-token acceptance α from verified drafts of any depth, as decayed counts.
+
+    A draft of d tokens with k accepted (0 <= k <= d) tried k + 1 tokens when k < d (the last
+    one rejected) and d when k = d (all accepted): under i.i.d. acceptance the maximum-likelihood
+    α of such truncated geometrics is Σk / Σtried, so drafts of different depths (a self-tuned
+    tree depth D next to γ-token backups) pool into one estimate, which inverting a mean accept
+    length E(α) = L at one fixed γ cannot do. Each `observe` first decays the old counts by
+    1 - `decay` (a moving average over about 1 / decay rounds).
+
+    Attributes:
+        accepted, tried: the decayed counts; their initial values are the prior (α = ratio).
+        decay: weight in (0, 1] of the old counts dropped per round.
+
+    Source: DESIGN.md section 1 (per-token acceptance α); the truncated-geometric likelihood.
+    """
+
+    accepted: float = 4.0
+    tried: float = 5.0
+    decay: float = 0.2
+
+    @property
+    def alpha(self) -> float:
+        """Σ accepted / Σ tried, in [0, 1]."""
+        return self.accepted / self.tried if self.tried > 0 else 0.0
+
+    def observe(self, accept_lens: Iterable[int], depths: Iterable[int]) -> None:
+        """Fold in one round: k accepted of a draft of d tokens, per request (pairs with
+        d < 1 or k outside 0..d are skipped). A round with nothing tried changes nothing."""
+        accepted = tried = 0
+        for k, d in zip(accept_lens, depths, strict=True):
+            if d < 1 or not 0 <= k <= d:
+                continue
+            accepted += k
+            tried += k + (1 if k < d else 0)
+        if tried:
+            keep = 1.0 - self.decay
+            self.accepted = keep * self.accepted + accepted
+            self.tried = keep * self.tried + tried

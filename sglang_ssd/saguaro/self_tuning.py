@@ -10,34 +10,33 @@ D in 1..γ that maximises the speedup model with the live measurements:
     h(D) = max(T_verify, T_p(D)),   T_p(D) = t_fixed + (1 + D) t_forward,   p_b = p^b
 
 (`expected_speedup` with the hit lookahead D). t_forward and t_fixed come from the speculator's
-per-round phases (`observe_build`); α from the hits' accepted tokens (`observe_hits`), as the
-maximum-likelihood per-token acceptance of a geometric truncated at each draft's depth, so drafts
-of different depths pool into one estimate. A D given with `--ssd-tree-depth` or through
-`POST /ssd/config` pins it (`pinned`).
+per-round phases and forward counts (`observe_build`); α from the hits' accepted tokens
+(`observe_hits`, `AcceptanceCounts`: drafts of different depths pool into one estimate). A D
+given with `--ssd-tree-depth` or through `POST /ssd/config` pins it (`pinned`; 0 self-tunes
+again). The model holds p_hit fixed across D; a shallower draft has fewer fork points, each
+with more of the budget, so it hits somewhat more often than modelled: the choice leans deep.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from .acceptance import AcceptanceCounts
 from .speedup import expected_speedup
 
-# Forward bodies in a Step's phases: the build's glue and tree_* forwards, and the others
-# (prefill, just-in-time drafts) that share the LM head and sampling phases with them.
+# The build's forward bodies in a Step's phases (with every ``tree_*``).
 BUILD_BODIES = ("glue",)
-OTHER_BODIES = ("prefill", "jit")
-# Per-forward costs recorded apart from the bodies, shared in proportion to body time.
+# Costs of every forward (prefill and just-in-time ones too) recorded apart from the bodies. The
+# LM head streams its whole weight for any row count, so it costs about the same per forward.
 HEAD_PHASES = ("lm_head", "sampling")
 # Build phases paid once per round whatever D is.
 FIXED_PHASES = ("populate",)
 # A new D must beat the current one's modelled speed by this factor (no flapping on noise).
 SWITCH_MARGIN = 1.03
-# Weight of one round in the moving averages of the timings and of α's counts.
+# Weight of one round in the moving averages of the timings.
 EMA_WEIGHT = 0.2
-# α is estimated from (accepted, tried) counts; these pseudo-counts set its prior (0.8).
-PRIOR_ACCEPTED, PRIOR_TRIED = 4.0, 5.0
 
 
 @dataclass
@@ -50,7 +49,7 @@ class DepthTuner:
         depth: the D in force (the last choice, or `pinned`).
         t_forward: seconds per draft forward (moving average), None before the first build.
         t_fixed: seconds of a build outside its forwards (moving average).
-        accepted, tried: decayed counts behind α (draft tokens accepted / tried by verify).
+        acceptance: the cache hits' per-token acceptance counts (α).
     """
 
     lookahead: int
@@ -58,8 +57,7 @@ class DepthTuner:
     depth: int = 0
     t_forward: float | None = None
     t_fixed: float = 0.0
-    accepted: float = PRIOR_ACCEPTED
-    tried: float = PRIOR_TRIED
+    acceptance: AcceptanceCounts = field(default_factory=AcceptanceCounts)
 
     def __post_init__(self) -> None:
         if int(self.lookahead) != self.lookahead or self.lookahead < 1:
@@ -67,53 +65,41 @@ class DepthTuner:
         self.pin(self.pinned)
 
     def pin(self, depth: int | None) -> None:
-        """Pin D to `depth` (1..γ), or None to self-tune again (from γ).
+        """Pin D to `depth` (1..γ), or None / 0 to self-tune again (from the D in force).
 
         Raises:
-            ValueError: when `depth` is outside 1..γ.
+            ValueError: when `depth` is outside 0..γ.
         """
-        if depth is not None and not 1 <= int(depth) <= self.lookahead:
+        if depth is not None and not 0 <= int(depth) <= self.lookahead:
             raise ValueError(f"tree depth must be in 1..γ={self.lookahead}, got {depth}")
-        self.pinned = None if depth is None else int(depth)
+        self.pinned = int(depth) if depth else None
         self.depth = self.pinned if self.pinned is not None else (self.depth or self.lookahead)
 
     @property
     def alpha(self) -> float:
-        """Per-token acceptance of cached drafts, in (0, 1)."""
-        return self.accepted / self.tried
+        """Per-token acceptance of cached drafts, in [0, 1]."""
+        return self.acceptance.alpha
 
     def observe_hits(self, accept_lens: Iterable[int], depths: Iterable[int]) -> None:
-        """Fold in one round's cache hits: k accepted of a draft of `depth` tokens each.
+        """Fold in one round's cache hits: k accepted of a draft of `depth` tokens each."""
+        self.acceptance.observe(accept_lens, depths)
 
-        A hit with k < depth tried k + 1 tokens (the last rejected), one with k = depth tried
-        `depth`, all accepted: the MLE of a geometric truncated at each depth is Σk / Σtried.
+    def observe_build(
+        self, phases: Mapping[str, float], forwards: int, build_forwards: int
+    ) -> None:
+        """Fold in the speculator's work since its previous Drafts (`SpeculatorTiming`):
+        `phases` in seconds by name, `forwards` draft forwards in all, `build_forwards` of them
+        pre-speculation's (glue and tree depths, of one or more builds); nothing without a build.
+
+        t_forward = (glue + tree bodies) / build_forwards + (LM head + sampling) / forwards;
+        `FIXED_PHASES` are once per build.
         """
-        accepted = tried = 0
-        for k, d in zip(accept_lens, depths, strict=True):
-            if d < 1 or not 0 <= k <= d:
-                continue
-            accepted += k
-            tried += k + (1 if k < d else 0)
-        if tried:
-            keep = 1.0 - EMA_WEIGHT
-            self.accepted = keep * self.accepted + accepted
-            self.tried = keep * self.tried + tried
-
-    def observe_build(self, phases: Mapping[str, float], depth: int) -> None:
-        """Fold in one build's phases (seconds by name, as `SpeculatorTiming.phases` carries
-        them) that decoded `depth` tree depths; a Step without a build is ignored.
-
-        Forward time is the glue and every ``tree_*`` body, plus their share (by body time) of
-        the LM head and sampling, which the Step's prefill and just-in-time forwards also
-        record, over 1 + depth forwards; `FIXED_PHASES` are once per build.
-        """
-        trees = sum(v for k, v in phases.items() if k.startswith("tree_"))
-        if depth < 1 or trees <= 0.0:
+        if build_forwards < 1 or forwards < build_forwards:
             return
+        trees = sum(v for k, v in phases.items() if k.startswith("tree_"))
         built = trees + sum(phases.get(k, 0.0) for k in BUILD_BODIES)
-        bodies = built + sum(phases.get(k, 0.0) for k in OTHER_BODIES)
         head = sum(phases.get(k, 0.0) for k in HEAD_PHASES)
-        per_forward = built * (1.0 + head / bodies) / (1 + depth)
+        per_forward = built / build_forwards + head / forwards
         fixed = sum(phases.get(k, 0.0) for k in FIXED_PHASES)
         if self.t_forward is None:
             self.t_forward, self.t_fixed = per_forward, fixed

@@ -81,6 +81,10 @@ class SpeculatorEngine:
         # Drafts served by a backup because the request's prefill was still being chunked in.
         self.prefill_backup_drafts = 0
         self.last_build_depth = 0  # D of the latest pre-speculation (self-tuned by the target)
+        # D the target chose with its latest Step (0: `config.depth`), for every build until
+        # the next Step, first rounds after prefill included.
+        self.build_depth = 0
+        self.build_forwards = 0  # draft forwards of pre-speculation builds (the server resets)
 
     @property
     def phases(self) -> PhaseTimer:
@@ -367,9 +371,16 @@ class SpeculatorEngine:
         """r of the hit model 1 - p_hit(F) ~ c F^-r, fitted from live outcomes."""
         return self.live.hit_exponent
 
-    def observe_accept_length(self, accept_len_with_bonus: float) -> None:
-        """Feed the moving average of L that sets α for the geometric fan-out."""
-        self.live.observe_accept_length(accept_len_with_bonus)
+    def observe_accept_length(self, accept_len_with_bonus: int, depth: int | None = None) -> None:
+        """Feed α for the geometric fan-out: L tokens (bonus included) verified from a draft of
+        `depth` tokens (None: γ; 0, no draft: ignored)."""
+        if depth != 0:
+            self.live.observe_accept_length(accept_len_with_bonus, depth)
+
+    def draft_depth(self, rid: str) -> int:
+        """Tokens of `rid`'s outstanding draft (0: unknown request or no draft)."""
+        state = self.requests.get(rid)
+        return state.draft.depth if state is not None and state.draft is not None else 0
 
     def prespeculate_first_round(self, rid: str) -> None:
         """Pre-speculate the round after prefill: the target has not sampled the first token
@@ -393,18 +404,17 @@ class SpeculatorEngine:
     def build(self, rids: Sequence[str], depth: int | None = None) -> None:
         """Pre-speculate the next round for `rids` (glue, fork, tree decode, populate).
 
-        `depth` is D, the tokens decoded per branch (the target's self-tuned choice, 1..γ;
-        None or 0: the configured `config.depth`). Requests still prefilling are skipped, and so
-        (counted) are those whose glue and branches the KV pool cannot hold: their next round
-        misses the cache.
+        `depth` is D, the tokens decoded per branch, 1..γ (None or 0: `build_depth`, the
+        target's latest choice, else the configured `config.depth`). Requests still prefilling
+        are skipped, and so (counted) are those whose glue and branches the KV pool cannot hold:
+        their next round misses the cache.
 
         Raises:
             ValueError: `depth` outside 0..γ.
         """
         if depth is not None and not 0 <= depth <= self.config.lookahead:
-            raise ValueError(f"tree depth must be in 1..γ={self.config.lookahead}, got {depth}")
-        depth = depth or self.config.depth
-        self.last_build_depth = depth
+            raise ValueError(f"tree depth must be in 0..γ={self.config.lookahead}, got {depth}")
+        depth = depth or self.build_depth or self.config.depth
         states = [s for r in rids if (s := self.requests.get(r)) is not None and s.draft]
         states = [s for s in states if s.branches is None and s.backlog == 0]
         if not states or self.config.fanout_budget == 0:
@@ -417,4 +427,7 @@ class SpeculatorEngine:
         self.kv_exhausted_builds += fits.count(False)
         states = [s for s, ok in zip(states, fits, strict=True) if ok]
         if states:
+            before = self.model.forward_count
             prespeculate(self.model, self.cache, states, plan, self.config.beta, depth)
+            self.build_forwards += self.model.forward_count - before
+            self.last_build_depth = depth

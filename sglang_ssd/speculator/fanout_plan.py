@@ -2,8 +2,9 @@
 
 Geometric fan-out (paper Theorem 12) needs the per-token acceptance α and the exponent r of the
 cache-hit power law 1 - p_hit(F) ~ c F^-r (Definition 11). Both are measured here as outcomes
-arrive (DESIGN.md §1): α by solving E(α) = L for a moving average of the accept length L, r by
-fitting the hit rate observed at each fan-out F. A `FanoutPlan` freezes them at the start of a
+arrive (DESIGN.md §1): α from the accepted tokens of drafts of any depth (`AcceptanceCounts`:
+hits carry the self-tuned D, backups γ), r by fitting the hit rate observed at each fan-out F.
+A `FanoutPlan` freezes them at the start of a
 round (one `serve` or `build` call), so every request and depth of that round share one plan.
 """
 
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 
 from sglang_ssd.config import SSDConfig
 from sglang_ssd.saguaro import (
-    alpha_from_accept_length,
+    AcceptanceCounts,
     fit_hit_model,
     geometric_fanout,
     top_m_from_fanout,
@@ -85,7 +86,8 @@ class LiveFanout:
     """
 
     def __init__(self, lookahead: int) -> None:
-        self.accept_len_ema = DEFAULT_ALPHA * lookahead
+        self.lookahead = lookahead
+        self.acceptance = AcceptanceCounts(DEFAULT_ALPHA, 1.0, decay=EMA_WEIGHT)
         self.hit_exponent = DEFAULT_HIT_EXPONENT
         self._hits: deque[tuple[int, bool]] = deque(maxlen=HIT_WINDOW)
         self._since_fit = 0
@@ -95,9 +97,11 @@ class LiveFanout:
         """(F, hit) observations in the fitting window."""
         return len(self._hits)
 
-    def observe_accept_length(self, accept_len_with_bonus: float) -> None:
-        """Feed the moving average of L (tokens per round, bonus included) that sets α."""
-        self.accept_len_ema += EMA_WEIGHT * (accept_len_with_bonus - self.accept_len_ema)
+    def observe_accept_length(self, accept_len_with_bonus: int, depth: int | None = None) -> None:
+        """Feed one verified draft: L tokens this round (bonus included, so L - 1 accepted) of
+        a draft of `depth` tokens (None: γ) into the counts that set α."""
+        depth = self.lookahead if depth is None else depth
+        self.acceptance.observe([int(accept_len_with_bonus) - 1], [depth])
 
     def observe_hit(self, fanout: int, hit: bool) -> None:
         """Record one outcome at an accept length k that had `fanout` = F_k >= 1 cached
@@ -130,10 +134,9 @@ class LiveFanout:
         self.hit_exponent = min(max(r, low), high)
 
     def alpha(self, lookahead: int) -> float:
-        """α solving E(α) = L for the averaged L, clamped to `ALPHA_RANGE`."""
-        accept_length = min(max(self.accept_len_ema, 1.0), lookahead + 1 - 1e-3)
-        alpha = alpha_from_accept_length(accept_length, lookahead)
-        return min(max(alpha, ALPHA_RANGE[0]), ALPHA_RANGE[1])
+        """The measured per-token acceptance, clamped to `ALPHA_RANGE` (`lookahead` is kept for
+        callers; the counts need no γ)."""
+        return min(max(self.acceptance.alpha, ALPHA_RANGE[0]), ALPHA_RANGE[1])
 
     def plan(self, config: SSDConfig, vocab_size: int) -> FanoutPlan:
         """The fan-out plan for a round under `config` (shape, budget B, γ)."""

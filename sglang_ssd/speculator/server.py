@@ -52,6 +52,7 @@ class SpeculatorServer:
         self.engine = engine
         self.parent_pid = parent_pid
         self.build_s = 0.0  # the latest pre-speculation's seconds
+        self._forwards_reported = engine.model.forward_count  # draft forwards told the target
         self.counters: dict[str, float] = {
             "steps": 0,
             "build_s": 0.0,
@@ -132,9 +133,11 @@ class SpeculatorServer:
         phases = engine.phases
         t0 = time.perf_counter()
         outcomes = [OutcomeIn(o.rid, o.accept_len, o.bonus) for o in step.outcomes]
+        engine.build_depth = step.tree_depth  # for every build until the next Step
+        depths = [engine.draft_depth(o.rid) for o in outcomes]  # what each outcome verified
         engine.apply_outcomes(outcomes)
-        for o in outcomes:
-            engine.observe_accept_length(o.accept_len + 1)
+        for o, depth in zip(outcomes, depths, strict=True):
+            engine.observe_accept_length(o.accept_len + 1, depth)
         t1 = time.perf_counter()
         drafts = self._timed_rest(
             "serve", lambda: engine.serve(step.requests, step.backup, engine.config.lookahead)
@@ -151,7 +154,7 @@ class SpeculatorServer:
         self.build_s = 0.0
         if engine.config.mode == "async":
             t3 = time.perf_counter()
-            self._timed_rest("build", lambda: engine.build(step.requests, step.tree_depth))
+            self._timed_rest("build", lambda: engine.build(step.requests))
             self.build_s = time.perf_counter() - t3
             self.counters["build_s"] += self.build_s
 
@@ -168,12 +171,19 @@ class SpeculatorServer:
 
     def _timing(self, lookup_s: float, backup_s: float) -> SpeculatorTiming:
         """This Step's timing: the latest build, this Step's lookup and backup, and the phases
-        since the previous Drafts (which the target sums for `/ssd/stats`)."""
+        since the previous Drafts (which the target sums for `/ssd/stats`) with the draft
+        forwards they ran (the target's `DepthTuner` divides by them)."""
+        engine = self.engine
+        forwards = engine.model.forward_count - self._forwards_reported
+        self._forwards_reported = engine.model.forward_count
+        build_forwards, engine.build_forwards = engine.build_forwards, 0
         return SpeculatorTiming(
             build_s=self.build_s,
             lookup_s=lookup_s,
             backup_s=backup_s,
-            phases=self.engine.phases.take(),
+            phases=engine.phases.take(),
+            forwards=forwards,
+            build_forwards=build_forwards,
         )
 
     def _pack(

@@ -32,7 +32,8 @@ from sglang_ssd.config import FLAGS, LIVE_FIELDS, SSDConfig, check_setting
 # 2: Configure/ConfigureAck carry LiveSettings; dropped DraftEntry.round_id and
 # SpeculatorTiming.idle_s (nobody read them). 3: dropped Outcome.round_id (always 0) and
 # Close.reason (never read). 4: SpeculatorTiming.phases (seconds by phase, issue 12).
-# 5: Step.tree_depth (the target's self-tuned D for the build after this Step).
+# 5: Step.tree_depth (the target's self-tuned D for the builds after this Step) and
+# SpeculatorTiming.forwards / build_forwards.
 PROTOCOL_VERSION = 5
 
 MAX_ID = 2**63 - 1
@@ -217,11 +218,14 @@ class DraftEntry(_Struct):
 class SpeculatorTiming(_Struct):
     """Where the speculator's time went, in seconds: `build_s` of its latest pre-speculation,
     `lookup_s` and `backup_s` of this Step, and `phases` (`sglang_ssd.phases`: glue, tree_d,
-    lm_head, sampling, populate, lookup, pack, send, ...) summed since the previous Drafts."""
+    lm_head, sampling, populate, lookup, pack, send, ...) summed since the previous Drafts, in
+    which it ran `forwards` draft forwards, `build_forwards` of them pre-speculation's."""
 
     build_s: Seconds = 0.0
     lookup_s: Seconds = 0.0
     backup_s: Seconds = 0.0
+    forwards: Annotated[int, Meta(ge=0)] = 0
+    build_forwards: Annotated[int, Meta(ge=0)] = 0
     phases: Annotated[dict[PhaseName, Seconds], Meta(max_length=MAX_PHASES)] = msgspec.field(
         default_factory=dict
     )

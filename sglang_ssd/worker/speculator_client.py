@@ -100,7 +100,6 @@ class SpeculatorClient:
         self.policy = default_policy(config)
         # D per build: self-tuned unless --ssd-tree-depth (or POST /ssd/config) pins it.
         self.tuner = DepthTuner(config.lookahead, pinned=config.tree_depth)
-        self._build_depth = 0  # D sent with the last Step (its build's phases come back next)
         self.opened: dict[str, int] = {}  # rid -> committed tokens the speculator holds
         self.pending: dict[str, tuple[int, int]] = {}  # rid -> (k, bonus) not yet reported
         self.last_sources: dict[str, str] = {}
@@ -229,8 +228,8 @@ class SpeculatorClient:
             )
         )
         got = self._wait_drafts(link)
-        self.tuner.observe_build(got[0].timing.phases, self._build_depth)
-        self._build_depth = depth
+        timing = got[0].timing
+        self.tuner.observe_build(timing.phases, timing.forwards, timing.build_forwards)
         return self._to_batch(reqs, got)
 
     def _choose_depth(self, batch_size: int, backup: Backup) -> int:
@@ -329,10 +328,11 @@ class SpeculatorClient:
         )
         self.policy.observe(
             hit_rate=len(hits) / len(rids),
-            accept_length_hit=sum(hits) / len(hits) if hits else None,
             t_verify=verify_s if verify_s else None,
             t_spec=self.last_timing.get("build_s"),
         )
+        # Hits carry D <= γ tokens: α from the tuner's depth-aware counts, not E(α) = L at γ.
+        self.policy.alpha_hit = min(max(self.tuner.alpha, 0.0), 1.0)
         for source in ("jit", "ngram", "random"):
             lengths = by_source.get(source)
             if lengths:
@@ -377,7 +377,7 @@ class SpeculatorClient:
                 longest = self.capacity.longest_request if self.capacity is not None else 0
                 self.config.check_fanout_budget(changes["fanout_budget"], longest, self.vocab_size)
             self.config = self.config.replace(**changes)
-            if "tree_depth" in changes:
+            if "tree_depth" in changes:  # 0: self-tune again
                 self.tuner.pin(changes["tree_depth"])
             if "backup" in changes:
                 self.policy.mode = (

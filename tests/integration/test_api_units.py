@@ -182,9 +182,9 @@ def _ask_raw(worker: FakeWorker, request: Any) -> AdminReply:
 def test_admin_config_round_trip() -> None:
     worker = FakeWorker()
     got = _ask(worker, "config")
-    assert got.status == 200 and got.config.beta == 1.0 and got.config.tree_depth == 4
+    assert got.status == 200 and got.config.beta == 1.0 and got.config.tree_depth is None
     body = admin.http_body("config", got)
-    assert body == {**msgspec.to_builtins(SSDConfig()), "tree_depth": 4}
+    assert body == msgspec.to_builtins(SSDConfig())  # tree_depth null: self-tuned
     got = _ask(worker, "configure", beta=0.5, backup="ngram")
     assert got.status == 200 and got.config.beta == 0.5 and not got.applied_locally
     body = admin.http_body("configure", got)
@@ -233,7 +233,7 @@ def test_admin_refuses_bad_changes(changes: Any) -> None:
         (b'{"beta": "x"}', "$.beta"),
         (b'{"fanout_budget": 2.5}', "$.fanout_budget"),
         (b'{"backup": "oracle"}', "$.backup"),
-        (b'{"tree_depth": 0}', "--ssd-tree-depth must be in 1..γ"),
+        (b'{"tree_depth": -1}', "--ssd-tree-depth must be in 0..γ"),
         (b"{}", "no settings"),
         (b"[1]", "object"),
         (b"{bad", "malformed JSON"),
@@ -399,7 +399,7 @@ def test_admin_routes_over_the_bridge(tmp_path) -> None:
     reply = client.post("/ssd/config", json={"beta": 0.25})
     assert reply.status_code == 200 and reply.json()["config"]["beta"] == 0.25
     assert client.get("/ssd/config").json()["beta"] == 0.25
-    for bad in (b"{bad", b"[]", b'{"beta": 0}', b'{"tree_depth": 0}', b'{"beta": true}', b"{}"):
+    for bad in (b"{bad", b"[]", b'{"beta": 0}', b'{"tree_depth": -1}', b'{"beta": true}', b"{}"):
         reply = client.post("/ssd/config", content=bad)
         assert reply.status_code == 400 and reply.json()["error"]["message"], bad
     assert client.get("/ssd/stats").json()["avg_transport_s"] == pytest.approx(0.01)

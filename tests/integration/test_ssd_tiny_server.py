@@ -142,4 +142,4 @@ def test_tree_depth_is_self_tuned_until_pinned(servers):
         1.0,
     )
     bad = requests.post(f"{url}/ssd/config", json={"tree_depth": 5}, timeout=60)
-    assert bad.status_code == 400 and "1..γ=4" in bad.text
+    assert bad.status_code == 400 and "0..γ=4" in bad.text

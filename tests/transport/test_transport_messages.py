@@ -186,7 +186,7 @@ def test_admin_round_trip(msg: m.AdminMessage) -> None:
         (ADMIN_EXAMPLES[1], ("changes",), None),
         (ADMIN_EXAMPLES[1], ("changes", "beta"), 0.0),
         (ADMIN_EXAMPLES[1], ("changes", "beta"), True),
-        (ADMIN_EXAMPLES[1], ("changes", "tree_depth"), 0),
+        (ADMIN_EXAMPLES[1], ("changes", "tree_depth"), -1),
         (ADMIN_EXAMPLES[3], ("config", "beta"), 2.0),
         (ADMIN_EXAMPLES[3], ("config", "tree_depth"), 9),  # > γ
         (ADMIN_EXAMPLES[3], ("status",), 42),
