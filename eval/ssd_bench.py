@@ -19,8 +19,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from eval import bootstrap, ssd_stats
 from eval import configs as presets
-from eval import ssd_stats
 from eval.configs import Config
 
 ARRANGEMENTS = ("paper", "equal")
@@ -86,8 +86,10 @@ AR_OF = {"paper": "AR-1c", "equal": "AR-2c"}
 
 
 def comparisons(results: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Speedup of each pair in `COMPARISONS` present in `results`, with the aim and, for SSD
-    vs AR, the speedup model's prediction from SSD's own counters (`eval.ssd_stats.predict`)."""
+    """Speedup of each pair in `COMPARISONS` present in `results`, its 90% bootstrap interval
+    over prompts (`eval.bootstrap`), the aim and whether the interval's lower end meets it
+    (`met`), and, for SSD vs AR, the speedup model's prediction from SSD's own counters
+    (`eval.ssd_stats.predict`)."""
     summary = results["summary"]["configs"]
     settings = results["settings"]
     greedy = settings["sampling"]["greedy"]
@@ -105,6 +107,12 @@ def comparisons(results: Mapping[str, Any]) -> list[dict[str, Any]]:
             "speedup": a / b if a and b else None,
             "aim": aim if (greedy and batch == 1) else None,
         }
+        interval = bootstrap.ratio_interval(
+            bootstrap.work_by_prompt(results["batches"], name),
+            bootstrap.work_by_prompt(results["batches"], base),
+        )
+        row["interval"] = list(interval) if interval else None
+        row["met"] = interval[0] >= row["aim"] if interval and row["aim"] is not None else None
         m = summary[name].get("ssd")
         if m and base == AR_OF[arrangement] and b:
             predicted = ssd_stats.predict(m, lookahead, batch, b, async_mode=name.startswith("SSD"))
@@ -120,7 +128,17 @@ def comparisons(results: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 def format_comparisons(rows: Sequence[Mapping[str, Any]]) -> str:
     """Plain-text table of `comparisons`."""
-    header = ("config", "vs", "arrangement", "speedup", "aim", "model", "model error")
+    header = (
+        "config",
+        "vs",
+        "arrangement",
+        "speedup",
+        "90% CI",
+        "aim",
+        "met",
+        "model",
+        "model error",
+    )
     lines = [header]
     for r in rows:
         lines.append(
@@ -129,7 +147,9 @@ def format_comparisons(rows: Sequence[Mapping[str, Any]]) -> str:
                 r["baseline"],
                 r["arrangement"],
                 _x(r["speedup"]),
+                "" if not r.get("interval") else "{:.2f}–{:.2f}".format(*r["interval"]),
                 "" if r.get("aim") is None else f"≥{r['aim']:.2f}",
+                {True: "yes", False: "no", None: ""}[r.get("met")],
                 _x(r.get("predicted")),
                 "" if r.get("prediction_error") is None else f"{100 * r['prediction_error']:+.0f}%",
             )
