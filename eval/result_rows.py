@@ -165,7 +165,7 @@ def fanout_rows(results: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def trace_rows(path: Path) -> tuple[int | None, list[dict[str, Any]]]:
-    """The trace replay's rows at its deepest tree depth (the server's default, D = γ), as
+    """The trace replay's rows at its deepest tree depth (D = γ, the deepest a server builds), as
     (depth, rows); (None, []) when the file is missing or unreadable."""
     try:
         rows = json.loads(Path(path).read_text())["results"]

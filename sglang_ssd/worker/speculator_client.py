@@ -422,6 +422,8 @@ class SpeculatorClient:
                 draft_kv_tokens=float(self.config.draft_kv_tokens or 0),
             )
             out.update(self.tuner.stats())
+            if self.config.mode == "sync":  # nothing is pre-speculated
+                out["tree_depth"] = 0.0
             if self.process is not None:
                 out["speculator_pid"] = float(self.process.pid)
         return out

@@ -114,7 +114,10 @@ def servers(
     eos_target: Path, tiny_draft: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, Server]]:
     logs = tmp_path_factory.mktemp("stop-logs")
-    with ar_and_ssd(eos_target, tiny_draft, logs, ["--speculative-num-steps", str(GAMMA)]) as made:
+    # Stops must land at every offset of fully accepted rounds (γ + 1 tokens): a cache hit
+    # carries D tokens, so D is pinned to γ rather than self-tuned.
+    flags = ["--speculative-num-steps", str(GAMMA), "--ssd-tree-depth", str(GAMMA)]
+    with ar_and_ssd(eos_target, tiny_draft, logs, flags) as made:
         yield made
 
 
