@@ -49,6 +49,7 @@ class Window:
     target_busy_s: float = 0.0  # the target's phases except waiting for drafts
     speculator_rounds: int = 0  # Drafts received
     speculator_phases: dict[str, float] = field(default_factory=dict)
+    tree_depth: int = 0  # the D in force at the report (self-tuned or pinned); 0: unknown
 
     def values(self) -> dict[str, float]:
         """Per-round means and per-request-round rates (0 for an empty window)."""
@@ -79,6 +80,8 @@ class Window:
                 f", T_p: {v['t_p']:.2f} (speculator {v['speculator_round_seconds'] * 1e3:.0f} ms:"
                 f" {largest(means)}; target {v['target_round_seconds'] * 1e3:.0f} ms)"
             )
+        if self.tree_depth:
+            suffix += f", D: {self.tree_depth}"
         return suffix
 
 
@@ -101,6 +104,7 @@ class WindowTracker:
             target_busy_s=sum(target.values()) - target.get("wait_draft", 0.0),
             speculator_rounds=getattr(client, "drafts_received", 0),
             speculator_phases=dict(client.speculator_phases.seconds) if client else {},
+            tree_depth=_tree_depth(client),
         )
         last, self.last = self.last, now
         return Window(
@@ -115,7 +119,16 @@ class WindowTracker:
             speculator_phases={
                 k: v - last.speculator_phases.get(k, 0.0) for k, v in now.speculator_phases.items()
             },
+            tree_depth=now.tree_depth,
         )
+
+
+def _tree_depth(client: Any) -> int:
+    """The D the client's tuner has in force (0 in sync mode or without a tuner)."""
+    tuner = getattr(client, "tuner", None)
+    if tuner is None or getattr(getattr(client, "config", None), "mode", "async") == "sync":
+        return 0
+    return int(tuner.depth)
 
 
 class DecodeLineFilter(logging.Filter):

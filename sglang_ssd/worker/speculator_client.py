@@ -376,8 +376,10 @@ class SpeculatorClient:
             if "fanout_budget" in changes:
                 longest = self.capacity.longest_request if self.capacity is not None else 0
                 self.config.check_fanout_budget(changes["fanout_budget"], longest, self.vocab_size)
+            if changes.get("tree_depth") == 0:  # self-tune again: shown as null, like at start
+                changes["tree_depth"] = None
             self.config = self.config.replace(**changes)
-            if "tree_depth" in changes:  # 0: self-tune again
+            if "tree_depth" in changes:
                 self.tuner.pin(changes["tree_depth"])
             if "backup" in changes:
                 self.policy.mode = (

@@ -13,6 +13,7 @@ import pytest
 from sglang_ssd.config import SSDConfig
 from sglang_ssd.integration import admin, request_checks, request_metrics, scheduler_metrics
 from sglang_ssd.phases import PhaseTimer
+from sglang_ssd.saguaro.self_tuning import DepthTuner
 from sglang_ssd.transport.messages import (
     AdminReply,
     AdminRequest,
@@ -149,6 +150,7 @@ class FakeClient:
         self.faults = 1
         self.restarts = 0
         self.policy = default_policy(self.config)
+        self.tuner = DepthTuner(self.config.lookahead)
         self.speculator_phases = PhaseTimer()
         self.speculator_phases.merge({"tree_1": 0.8, "lm_head": 0.3, "send": 0.1})
         self.drafts_received = 4
@@ -323,6 +325,7 @@ def test_decode_window_and_log_filter() -> None:
     assert record.msg.endswith(
         "ssd hit rate: 1.00, wait draft: 100.0 ms, verify: 0.0 ms, T_p: 0.75 (speculator 150 ms:"
         " glue 100.0 ms, tree_1 50.0 ms, lm_head 0.0 ms; target 200 ms)"
+        ", D: 4"  # the D in force (the tuner's; γ until a build is timed)
     )
     other = logging.LogRecord("x", logging.INFO, "f", 1, "Prefill batch", (), None)
     line_filter.filter(other)

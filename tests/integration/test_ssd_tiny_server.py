@@ -123,7 +123,7 @@ def test_speculator_is_a_separate_process_on_disjoint_cores(servers):
 def test_tree_depth_is_self_tuned_until_pinned(servers):
     """Default: the target picks D each round (`DepthTuner`) and sends it with the Step;
     `POST /ssd/config {"tree_depth": 1}` pins it, the speculator builds at D = 1 from then on,
-    and greedy output stays the target's. (Last in the module: the "ssd" server stays pinned.)"""
+    and greedy output stays the target's; 0 self-tunes again. (Last in the module.)"""
     url = servers["ssd"].url
     stats = requests.get(f"{url}/ssd/stats", timeout=60).json()["speculator"]
     assert stats["tree_depth_pinned"] == 0.0
@@ -143,3 +143,9 @@ def test_tree_depth_is_self_tuned_until_pinned(servers):
     )
     bad = requests.post(f"{url}/ssd/config", json={"tree_depth": 5}, timeout=60)
     assert bad.status_code == 400 and "0..γ=4" in bad.text
+    # 0 self-tunes again: shown as null by /ssd/config, as at start, and no longer pinned.
+    reply = requests.post(f"{url}/ssd/config", json={"tree_depth": 0}, timeout=60)
+    assert reply.status_code == 200 and reply.json()["config"]["tree_depth"] is None
+    _generate(servers["ssd"], prompt, 8, temperature=0)
+    stats = requests.get(f"{url}/ssd/stats", timeout=60).json()["speculator"]
+    assert stats["tree_depth_pinned"] == 0.0
