@@ -292,6 +292,8 @@ class SSDConfig:
                 f"--ssd-tree-depth must be in 0..γ={self.lookahead} (0: self-tuned), "
                 f"got {self.tree_depth}"
             )
+        if self.tree_depth == 0:  # one spelling of "self-tuned": None, as by default
+            object.__setattr__(self, "tree_depth", None)
         if self.draft_cpus is not None and self.draft_device not in (None, "cpu"):
             raise SSDConfigError("--ssd-draft-cpus only applies with --ssd-draft-device cpu")
         if self.draft_kv_tokens is not None and self.branch_slots > self.draft_kv_tokens:
@@ -302,7 +304,7 @@ class SSDConfig:
 
     @property
     def depth(self) -> int:
-        """D when pinned, else γ, the deepest a self-tuned build goes (`tree_depth` None or 0)."""
+        """D when pinned, else γ, the deepest a self-tuned build goes (`tree_depth` None)."""
         return self.tree_depth or self.lookahead
 
     @property

@@ -76,7 +76,6 @@ def record_prompt(
         t3 = time.perf_counter()
         target.rollback(len(committed) + k)
         engine.apply_outcomes([OutcomeIn(rid, k, bonus)])
-        engine.observe_accept_length(k + 1)
         hit = engine.requests[rid].draft is not None
         t4 = time.perf_counter()
         emitted = [*draft.tokens[:k], bonus]

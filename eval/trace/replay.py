@@ -90,7 +90,6 @@ def replay_batch(
             )
         engine.apply_outcomes(outcomes)
         for p, o in zip(todo, outcomes, strict=True):
-            engine.observe_accept_length(o.accept_len + 1)
             log[p["index"]][-1]["hit"] = engine.requests[o.rid].draft is not None
             pos[p["index"]] += o.accept_len + 1
         for p in [p for p in todo if pos[p["index"]] == len(p["output_tokens"])]:

@@ -104,7 +104,7 @@ class WindowTracker:
             target_busy_s=sum(target.values()) - target.get("wait_draft", 0.0),
             speculator_rounds=getattr(client, "drafts_received", 0),
             speculator_phases=dict(client.speculator_phases.seconds) if client else {},
-            tree_depth=_tree_depth(client),
+            tree_depth=int(getattr(client, "tree_depth", 0)),
         )
         last, self.last = self.last, now
         return Window(
@@ -121,14 +121,6 @@ class WindowTracker:
             },
             tree_depth=now.tree_depth,
         )
-
-
-def _tree_depth(client: Any) -> int:
-    """The D the client's tuner has in force (0 in sync mode or without a tuner)."""
-    tuner = getattr(client, "tuner", None)
-    if tuner is None or getattr(getattr(client, "config", None), "mode", "async") == "sync":
-        return 0
-    return int(tuner.depth)
 
 
 class DecodeLineFilter(logging.Filter):

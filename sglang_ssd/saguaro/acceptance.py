@@ -92,12 +92,21 @@ class AcceptanceCounts:
         accepted, tried: the decayed counts; their initial values are the prior (α = ratio).
         decay: weight in (0, 1] of the old counts dropped per round.
 
+    Raises:
+        ValueError: unless 0 <= accepted <= tried and 0 < decay <= 1 (so α stays in [0, 1]).
+
     Source: DESIGN.md section 1 (per-token acceptance α); the truncated-geometric likelihood.
     """
 
     accepted: float = 4.0
     tried: float = 5.0
     decay: float = 0.2
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.accepted <= self.tried:
+            raise ValueError(f"need 0 <= accepted <= tried, got {self.accepted}, {self.tried}")
+        if not 0.0 < self.decay <= 1.0:
+            raise ValueError(f"decay must be in (0, 1], got {self.decay}")
 
     @property
     def alpha(self) -> float:

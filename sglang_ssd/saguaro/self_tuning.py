@@ -136,7 +136,7 @@ class DepthTuner:
         Source: paper Theorem 7 with DESIGN.md §1's corrections (`expected_speedup`).
         """
         return expected_speedup(
-            alpha_hit=min(max(self.alpha, 0.0), 1.0),
+            alpha_hit=self.alpha,
             alpha_miss=alpha_miss,
             lookahead=self.lookahead,
             hit_lookahead=depth,

@@ -72,7 +72,7 @@ class SpeculatorEngine:
             seed if seed is not None else int(time.time_ns() & 0x7FFFFFFF)
         )
         self.random = RandomSpeculator(self.vocab_size, self._new_generator())
-        self.live = LiveFanout(config.lookahead)
+        self.live = LiveFanout()
         self.prefill_chunk_tokens = PREFILL_CHUNK_TOKENS
         # Rounds degraded because the KV pool was full: drafts served by a point-mass backup
         # (the pool held neither the jit draft nor the rest of the prefill), builds skipped.
@@ -171,7 +171,8 @@ class SpeculatorEngine:
 
     # ---------------------------------------------------------------- outcomes
     def apply_outcomes(self, outcomes: Sequence[OutcomeIn]) -> list[str]:
-        """Commit each verified outcome; a cached branch for it becomes the next draft.
+        """Commit each verified outcome; a cached branch for it becomes the next draft. Each
+        applied outcome (k of its draft's tokens accepted) also feeds the α of the fan-out.
 
         Returns:
             The rids whose outcome could not be applied (unknown rid, k larger than the
@@ -201,6 +202,8 @@ class SpeculatorEngine:
     def _apply_one(self, state: RequestState, k: int, bonus: int) -> None:
         draft = state.draft
         drafted = draft.tokens[:k] if draft is not None else []
+        if draft is not None:  # α for the geometric fan-out, from k of the draft's depth
+            self.live.observe_accepted(k, draft.depth)
         n_old = len(state.committed)
         state.committed = state.committed + drafted + [bonus]
         state.first_round = False
@@ -370,17 +373,6 @@ class SpeculatorEngine:
     def hit_exponent(self) -> float:
         """r of the hit model 1 - p_hit(F) ~ c F^-r, fitted from live outcomes."""
         return self.live.hit_exponent
-
-    def observe_accept_length(self, accept_len_with_bonus: int, depth: int | None = None) -> None:
-        """Feed α for the geometric fan-out: L tokens (bonus included) verified from a draft of
-        `depth` tokens (None: γ; 0, no draft: ignored)."""
-        if depth != 0:
-            self.live.observe_accept_length(accept_len_with_bonus, depth)
-
-    def draft_depth(self, rid: str) -> int:
-        """Tokens of `rid`'s outstanding draft (0: unknown request or no draft)."""
-        state = self.requests.get(rid)
-        return state.draft.depth if state is not None and state.draft is not None else 0
 
     def prespeculate_first_round(self, rid: str) -> None:
         """Pre-speculate the round after prefill: the target has not sampled the first token

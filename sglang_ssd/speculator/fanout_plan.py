@@ -79,14 +79,10 @@ class FanoutPlan:
 
 
 class LiveFanout:
-    """The measured α (accept-length moving average) and r (hit-model fit) behind each plan.
+    """The measured α (decayed acceptance counts, `DEFAULT_ALPHA` before any outcome) and r
+    (hit-model fit) behind each plan."""
 
-    Args:
-        lookahead: γ, for the initial accept length (α = `DEFAULT_ALPHA` per token).
-    """
-
-    def __init__(self, lookahead: int) -> None:
-        self.lookahead = lookahead
+    def __init__(self) -> None:
         self.acceptance = AcceptanceCounts(DEFAULT_ALPHA, 1.0, decay=EMA_WEIGHT)
         self.hit_exponent = DEFAULT_HIT_EXPONENT
         self._hits: deque[tuple[int, bool]] = deque(maxlen=HIT_WINDOW)
@@ -97,11 +93,10 @@ class LiveFanout:
         """(F, hit) observations in the fitting window."""
         return len(self._hits)
 
-    def observe_accept_length(self, accept_len_with_bonus: int, depth: int | None = None) -> None:
-        """Feed one verified draft: L tokens this round (bonus included, so L - 1 accepted) of
-        a draft of `depth` tokens (None: γ) into the counts that set α."""
-        depth = self.lookahead if depth is None else depth
-        self.acceptance.observe([int(accept_len_with_bonus) - 1], [depth])
+    def observe_accepted(self, accepted: int, depth: int) -> None:
+        """Feed one verified draft, `accepted` of its `depth` tokens, into the counts that
+        set α."""
+        self.acceptance.observe([accepted], [depth])
 
     def observe_hit(self, fanout: int, hit: bool) -> None:
         """Record one outcome at an accept length k that had `fanout` = F_k >= 1 cached
@@ -133,9 +128,8 @@ class LiveFanout:
         low, high = HIT_EXPONENT_RANGE
         self.hit_exponent = min(max(r, low), high)
 
-    def alpha(self, lookahead: int) -> float:
-        """The measured per-token acceptance, clamped to `ALPHA_RANGE` (`lookahead` is kept for
-        callers; the counts need no γ)."""
+    def alpha(self) -> float:
+        """The measured per-token acceptance, clamped to `ALPHA_RANGE`."""
         return min(max(self.acceptance.alpha, ALPHA_RANGE[0]), ALPHA_RANGE[1])
 
     def plan(self, config: SSDConfig, vocab_size: int) -> FanoutPlan:
@@ -143,7 +137,7 @@ class LiveFanout:
         return FanoutPlan(
             shape=config.fanout,
             budget=config.fanout_budget,
-            alpha=self.alpha(config.lookahead),
+            alpha=self.alpha(),
             hit_exponent=self.hit_exponent,
             vocab_size=vocab_size,
         )

@@ -134,10 +134,7 @@ class SpeculatorServer:
         t0 = time.perf_counter()
         outcomes = [OutcomeIn(o.rid, o.accept_len, o.bonus) for o in step.outcomes]
         engine.build_depth = step.tree_depth  # for every build until the next Step
-        depths = [engine.draft_depth(o.rid) for o in outcomes]  # what each outcome verified
         engine.apply_outcomes(outcomes)
-        for o, depth in zip(outcomes, depths, strict=True):
-            engine.observe_accept_length(o.accept_len + 1, depth)
         t1 = time.perf_counter()
         drafts = self._timed_rest(
             "serve", lambda: engine.serve(step.requests, step.backup, engine.config.lookahead)

@@ -232,6 +232,11 @@ class SpeculatorClient:
         self.tuner.observe_build(timing.phases, timing.forwards, timing.build_forwards)
         return self._to_batch(reqs, got)
 
+    @property
+    def tree_depth(self) -> int:
+        """The D in force: the tuner's (self-tuned or pinned), 0 in sync mode (no builds)."""
+        return 0 if self.config.mode == "sync" else self.tuner.depth
+
     def _choose_depth(self, batch_size: int, backup: Backup) -> int:
         """D for the build after this Step (`DepthTuner.choose` on the policy's live figures);
         0 in sync mode, which builds nothing."""
@@ -315,24 +320,21 @@ class SpeculatorClient:
     def _observe(self, rids: Sequence[str], accept_lens: list[int], verify_s: float | None) -> None:
         """Feed the round's measurements into `FallbackPolicy`'s moving averages."""
         by_source: dict[str, list[int]] = {}
+        hit_depths: list[int] = []  # the draft depth of each cache hit, in `hits` order
         for rid, k in zip(rids, accept_lens, strict=True):
-            by_source.setdefault(self.last_sources.get(rid, "local-ngram"), []).append(k + 1)
+            source = self.last_sources.get(rid, "local-ngram")
+            by_source.setdefault(source, []).append(k + 1)
+            if source == "cache":
+                hit_depths.append(self.last_depths.get(rid, 0))
         hits = by_source.get("cache", [])
-        hit_rids = [
-            (r, k)
-            for r, k in zip(rids, accept_lens, strict=True)
-            if self.last_sources.get(r) == "cache"
-        ]
-        self.tuner.observe_hits(
-            [k for _, k in hit_rids], [self.last_depths.get(r, 0) for r, _ in hit_rids]
-        )
+        self.tuner.observe_hits([n - 1 for n in hits], hit_depths)
         self.policy.observe(
             hit_rate=len(hits) / len(rids),
             t_verify=verify_s if verify_s else None,
             t_spec=self.last_timing.get("build_s"),
         )
         # Hits carry D <= γ tokens: α from the tuner's depth-aware counts, not E(α) = L at γ.
-        self.policy.alpha_hit = min(max(self.tuner.alpha, 0.0), 1.0)
+        self.policy.alpha_hit = self.tuner.alpha
         for source in ("jit", "ngram", "random"):
             lengths = by_source.get(source)
             if lengths:
@@ -376,11 +378,9 @@ class SpeculatorClient:
             if "fanout_budget" in changes:
                 longest = self.capacity.longest_request if self.capacity is not None else 0
                 self.config.check_fanout_budget(changes["fanout_budget"], longest, self.vocab_size)
-            if changes.get("tree_depth") == 0:  # self-tune again: shown as null, like at start
-                changes["tree_depth"] = None
             self.config = self.config.replace(**changes)
-            if "tree_depth" in changes:
-                self.tuner.pin(changes["tree_depth"])
+            if "tree_depth" in changes:  # 0 self-tunes again (the config holds None)
+                self.tuner.pin(self.config.tree_depth)
             if "backup" in changes:
                 self.policy.mode = (
                     Backup(changes["backup"]) if changes["backup"] != "auto" else "auto"
@@ -423,9 +423,7 @@ class SpeculatorClient:
                 target_tracked=len(self.last_seen),
                 draft_kv_tokens=float(self.config.draft_kv_tokens or 0),
             )
-            out.update(self.tuner.stats())
-            if self.config.mode == "sync":  # nothing is pre-speculated
-                out["tree_depth"] = 0.0
+            out.update(self.tuner.stats(), tree_depth=float(self.tree_depth))
             if self.process is not None:
                 out["speculator_pid"] = float(self.process.pid)
         return out

@@ -13,7 +13,6 @@ import pytest
 from sglang_ssd.config import SSDConfig
 from sglang_ssd.integration import admin, request_checks, request_metrics, scheduler_metrics
 from sglang_ssd.phases import PhaseTimer
-from sglang_ssd.saguaro.self_tuning import DepthTuner
 from sglang_ssd.transport.messages import (
     AdminReply,
     AdminRequest,
@@ -150,7 +149,7 @@ class FakeClient:
         self.faults = 1
         self.restarts = 0
         self.policy = default_policy(self.config)
-        self.tuner = DepthTuner(self.config.lookahead)
+        self.tree_depth = 4  # SpeculatorClient.tree_depth: the D in force
         self.speculator_phases = PhaseTimer()
         self.speculator_phases.merge({"tree_1": 0.8, "lm_head": 0.3, "send": 0.1})
         self.drafts_received = 4

@@ -178,3 +178,19 @@ def test_one_fanout_plan_per_round_and_outcomes_feed_the_hit_model(tiny_draft, m
     engine.apply_outcomes([OutcomeIn("a", k, bonus), OutcomeIn("b", 4, 95)])
     assert engine.live.num_hit_observations == 2
     assert engine.stats()["hit_exponent"] == engine.hit_exponent == engine.live.hit_exponent
+
+
+def test_applied_outcomes_feed_the_fanout_alpha_at_the_drafts_depth(tiny_draft):
+    """k of a d-token draft accepted tried k + 1 tokens (k < d): the counts behind the fan-out's
+    α move by exactly that, decayed from the prior; a failed outcome feeds nothing."""
+    engine = _engine(tiny_draft)
+    engine.open("r", PROMPT, temperature=0.0, top_k=1, top_p=1.0)
+    (draft,) = engine.serve(["r"], backup="jit", depth=4)
+    counts = engine.live.acceptance
+    before = (counts.accepted, counts.tried)
+    engine.apply_outcomes(
+        [OutcomeIn("r", 1, (draft.tokens[1] + 1) % 90), OutcomeIn("nobody", 0, 3)]
+    )
+    keep = 1.0 - counts.decay
+    assert counts.accepted == pytest.approx(keep * before[0] + 1)
+    assert counts.tried == pytest.approx(keep * before[1] + 2)

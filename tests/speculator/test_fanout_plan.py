@@ -28,19 +28,19 @@ def _power_law_outcomes(live: LiveFanout, c: float, r: float, n: int, seed: int 
 
 @pytest.mark.parametrize("r", [0.5, 1.2, 2.0])
 def test_hit_exponent_is_fitted_from_power_law_outcomes(r: float) -> None:
-    live = LiveFanout(lookahead=4)
+    live = LiveFanout()
     _power_law_outcomes(live, c=0.6, r=r, n=4096)
     assert live.num_hit_observations == 4096
     assert live.hit_exponent == pytest.approx(r, abs=0.15)
 
 
 def test_hit_exponent_stays_default_until_enough_data() -> None:
-    live = LiveFanout(lookahead=4)
+    live = LiveFanout()
     _power_law_outcomes(live, c=0.6, r=1.5, n=REFIT_EVERY - 1)
     assert live.hit_exponent == DEFAULT_HIT_EXPONENT  # no refit yet
     live.refit()
     assert live.hit_exponent != DEFAULT_HIT_EXPONENT
-    single = LiveFanout(lookahead=4)
+    single = LiveFanout()
     for _ in range(2 * REFIT_EVERY):
         single.observe_hit(3, False)  # one fan-out value: no slope to fit
         single.observe_hit(0, True)  # F = 0 says nothing about r
@@ -49,7 +49,7 @@ def test_hit_exponent_stays_default_until_enough_data() -> None:
 
 
 def test_hit_exponent_is_clamped() -> None:
-    live = LiveFanout(lookahead=4)
+    live = LiveFanout()
     for _ in range(REFIT_EVERY):
         live.observe_hit(1, True)
         live.observe_hit(8, True)  # every outcome hits: the fitted slope is ~0
@@ -57,10 +57,10 @@ def test_hit_exponent_is_clamped() -> None:
 
 
 def test_plan_matches_the_saguaro_allocations() -> None:
-    live = LiveFanout(lookahead=4)
+    live = LiveFanout()
     for _ in range(20):
-        live.observe_accept_length(3.0)
-    alpha = live.alpha(4)
+        live.observe_accepted(2, 4)  # L = 3 tokens of a γ = 4 draft
+    alpha = live.alpha()
     assert 0.05 <= alpha <= 0.98
     plan = live.plan(SSDConfig(lookahead=4, fanout_budget=12), VOCAB)
     assert plan.fanout(3) == geometric_fanout(12, 3, alpha, DEFAULT_HIT_EXPONENT, VOCAB)
