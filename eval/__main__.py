@@ -6,6 +6,8 @@ Subcommands:
   ssd       the SSD benchmark: AR vs STANDALONE vs `--ssd-mode sync` vs SSD in the paper's
             arrangement (baselines on one core, SSD adds the draft's core) and on equal
             hardware (everything on both cores), with the speedup model's prediction.
+  mixed     mixed traffic: 40 short requests (max_tokens 1-128, stop strings, 1-4 at once),
+            AR on both cores vs SSD, ABAB x 2, with a 90% bootstrap interval over requests.
   run       any configurations from a JSON file (a list of `Config` objects) on a prompt set.
   show      print the table of an existing results file.
   sweep     a sweep over SSD's run-time settings on one SSD server (no restarts), with an AR
@@ -21,6 +23,7 @@ Subcommands:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import signal
@@ -29,7 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from eval import configs as presets
-from eval import datasets, figures, report, ssd_bench, sweep
+from eval import datasets, figures, mixed, report, ssd_bench, sweep
 from eval.configs import Config
 from eval.harness import RunSettings, run_interleaved
 from eval.margin import cli as margin
@@ -117,31 +120,46 @@ def _settings(a: argparse.Namespace) -> RunSettings:
 
 
 def _run(
-    a: argparse.Namespace, configs: Sequence[Config], tokenizer_dir: Path, name: str
+    a: argparse.Namespace,
+    configs: Sequence[Config],
+    tokenizer_dir: Path,
+    name: str,
+    mixed_shape: mixed.MixedShape | None = None,
 ) -> tuple[dict, Path]:
     if a.quick:
         a.prompts, a.max_new_tokens = min(a.prompts, QUICK_PROMPTS), QUICK_TOKENS
     out: Path = a.out or RESULTS / f"{name}{'-quick' if a.quick else ''}.json"
     log_dir: Path = a.log_dir or LOGS / out.stem
     tokenizer = datasets.load_tokenizer(tokenizer_dir)
-    prompts = datasets.load_prompts(a.dataset, tokenizer, a.prompts, a.prompt_ids)
+    settings = _settings(a)
+    if mixed_shape is None:
+        prompts = datasets.load_prompts(a.dataset, tokenizer, a.prompts, a.prompt_ids)
+        dataset = {"dataset": a.dataset, "dataset_source": datasets.source_info(a.dataset)}
+    else:
+        prompts, sizes = mixed.load_mixed(tokenizer, mixed_shape)
+        settings = dataclasses.replace(settings, unit_sizes=sizes)
+        dataset = {
+            "dataset": "mixed",
+            "dataset_source": {d: datasets.source_info(d) for d in datasets.DATASETS},
+            "mixed_shape": dataclasses.asdict(mixed_shape),
+        }
     metadata = {
         "name": name,
         "command": [sys.executable, "-m", "eval", *sys.argv[1:]],
-        "dataset": a.dataset,
-        "dataset_source": datasets.source_info(a.dataset),
+        **dataset,
         "tokenizer": str(tokenizer_dir),
         "quick": a.quick,
     }
     print(
-        f"{len(configs)} configs x {len(prompts)} {a.dataset} prompts x {a.max_new_tokens} "
-        f"tokens, batch {a.batch_size}, {a.repeats} repeat(s) -> {out}",
+        f"{len(configs)} configs x {len(prompts)} {dataset['dataset']} prompts x "
+        f"{a.max_new_tokens if mixed_shape is None else 'mixed'} tokens, "
+        f"{len(settings.units(len(prompts)))} units, {a.repeats} repeat(s) -> {out}",
         flush=True,
     )
     results = run_interleaved(
         configs,
         prompts,
-        _settings(a),
+        settings,
         log_dir=log_dir,
         out_path=out,
         metadata=metadata,
@@ -193,6 +211,33 @@ def cmd_run(a: argparse.Namespace) -> int:
         model = flag_value(configs[0].args, "--model-path")
         tokenizer = Path(model) if model else presets.default_model_dirs()[0]
     _run(a, configs, tokenizer, a.name or Path(a.configs).stem)
+    return 0
+
+
+def cmd_mixed(a: argparse.Namespace) -> int:
+    target, draft = presets.model_dirs(a.target, a.draft)
+    target_cpu, draft_cpu = _target_and_draft_cpus(a)
+    both = [target_cpu, draft_cpu]
+    configs = [
+        presets.autoregressive(target, name=mixed.AR, cpus=both, threads=2),
+        presets.ssd(
+            target, draft, name=mixed.SSD, cpus=both, draft_cpus=[draft_cpu],
+            extra=a.ssd_args.split(),
+        ),
+    ]  # fmt: skip
+    for variant in a.ssd_variant:
+        name, _, args = variant.partition("=")
+        configs.append(
+            presets.ssd(
+                target, draft, name=name, cpus=both, draft_cpus=[draft_cpu], extra=args.split()
+            )
+        )
+    shape = mixed.MixedShape(requests=a.requests, seed=a.seed)
+    results, out = _run(a, configs, a.tokenizer or Path(target), "mixed-traffic", shape)
+    results["mixed_comparison"] = mixed.comparison(results)
+    out.write_text(json.dumps(results, indent=1))
+    print()
+    print(mixed.format_comparison(results["mixed_comparison"]))
     return 0
 
 
@@ -308,6 +353,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--target", type=Path, help="target model folder (default: the pulled 1.5B)")
     p.add_argument("--draft", type=Path, help="draft model folder (default: the pulled 0.5B)")
     p.set_defaults(func=cmd_ssd, prompts=5, max_new_tokens=64, repeats=2)
+
+    p = sub.add_parser("mixed", help="mixed traffic: AR-2c vs SSD on short mixed requests")
+    _add_run_options(p)
+    p.add_argument("--requests", type=int, default=40, help="requests in the draw")
+    p.add_argument(
+        "--cpus", type=parse_cpu_list, default=(0, 1), help="target CPU, draft CPU (default 0,1)"
+    )
+    p.add_argument("--ssd-args", default="", help="extra --ssd-* flags for the SSD server")
+    p.add_argument(
+        "--ssd-variant",
+        action="append",
+        default=[],
+        metavar="NAME=FLAGS",
+        help="another SSD configuration to run alongside, e.g. "
+        "'SSD-noplain=--ssd-plain-rounds never' (repeatable)",
+    )
+    p.add_argument("--target", type=Path, help="target model folder (default: the pulled 1.5B)")
+    p.add_argument("--draft", type=Path, help="draft model folder (default: the pulled 0.5B)")
+    p.set_defaults(func=cmd_mixed, repeats=2, servers="concurrent")
 
     p = sub.add_parser("run", help="configurations from a JSON file")
     _add_run_options(p)

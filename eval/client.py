@@ -155,14 +155,17 @@ def generate_batch(
     first_index: int = 0,
     stream: bool = False,
     timeout: float = 3600.0,
+    samplings: Sequence[Sampling] | None = None,
 ) -> BatchResult:
-    """Send all `prompts` ((id, input_ids) pairs) at once, one thread per request."""
+    """Send all `prompts` ((id, input_ids) pairs) at once, one thread per request; request i
+    uses `samplings[i]` when given, else `sampling`."""
+    per_request = list(samplings) if samplings is not None else [sampling] * len(prompts)
     start = time.time()
     t0 = time.perf_counter()
     if len(prompts) == 1:  # no thread: keep b = 1 as lean as a plain client
         ((pid, ids),) = prompts
         one = generate(
-            url, pid, ids, sampling, request_index=first_index, stream=stream, timeout=timeout
+            url, pid, ids, per_request[0], request_index=first_index, stream=stream, timeout=timeout
         )
         return BatchResult(start, time.perf_counter() - t0, [one])
     with ThreadPoolExecutor(max_workers=max(1, len(prompts))) as pool:
@@ -172,7 +175,7 @@ def generate_batch(
                 url,
                 pid,
                 ids,
-                sampling,
+                per_request[i],
                 request_index=first_index + i,
                 stream=stream,
                 timeout=timeout,

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from eval.sampling import Sampling
+
 HUMANEVAL = "humaneval"
 MTBENCH = "mtbench"
 DATASETS: tuple[str, ...] = (HUMANEVAL, MTBENCH)
@@ -52,10 +54,12 @@ class Record:
 
 @dataclass(frozen=True)
 class Prompt:
-    """One prompt ready to send: the record plus the chat-templated token ids."""
+    """One prompt ready to send: the record plus the chat-templated token ids, and its own
+    sampling settings when they differ from the run's (mixed traffic, `eval.mixed`)."""
 
     record: Record
     input_ids: tuple[int, ...]
+    sampling: Sampling | None = None
 
     @property
     def id(self) -> str:
@@ -67,13 +71,16 @@ class Prompt:
 
     def describe(self) -> dict[str, Any]:
         """JSON-ready summary (no token ids) for results files."""
-        return {
+        out = {
             "dataset": self.record.dataset,
             "id": self.id,
             "category": self.record.category,
             "num_tokens": len(self.input_ids),
             "input_ids_sha256": self.fingerprint(),
         }
+        if self.sampling is not None:
+            out["sampling"] = vars(self.sampling) | {"stop": list(self.sampling.stop)}
+        return out
 
 
 def source_file(dataset: str) -> Path:

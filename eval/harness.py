@@ -103,6 +103,20 @@ class RunSettings:
     # busy; None: don't wait. Each batch records the CPU time other processes used meanwhile.
     quiet_threshold: float | None = None
     quiet_max_wait_s: float = 600.0
+    # Units of these sizes, in order, instead of `batch_size` each (must add up to the prompts).
+    unit_sizes: tuple[int, ...] = ()
+
+    def units(self, n_prompts: int) -> list[range]:
+        """Prompt index ranges of the units: `unit_sizes` if given, else `batch_size` each.
+
+        Raises:
+            ValueError: when `unit_sizes` has a size < 1 or does not add up to `n_prompts`.
+        """
+        sizes = self.unit_sizes or [self.batch_size] * -(-n_prompts // self.batch_size)
+        if min(sizes, default=1) < 1 or (self.unit_sizes and sum(sizes) != n_prompts):
+            raise ValueError(f"unit sizes {list(sizes)} do not cover {n_prompts} prompts")
+        starts = [sum(sizes[:i]) for i in range(len(sizes))]
+        return [range(a, min(a + b, n_prompts)) for a, b in zip(starts, sizes, strict=True)]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -117,6 +131,7 @@ class RunSettings:
             "extra_args": list(self.extra_args),
             "quiet_threshold": self.quiet_threshold,
             "quiet_max_wait_s": self.quiet_max_wait_s,
+            "unit_sizes": list(self.unit_sizes),
         }
 
 

@@ -63,7 +63,7 @@ class InterleavedRun:
     Args:
         configs: the configurations, in the run's order.
         groups: the same configurations by the server they run on (`harness.server_groups`).
-        prompts: the prompts, cut into units of `settings.batch_size`.
+        prompts: the prompts, cut into units (`settings.units`).
         settings: the run's `harness.RunSettings`.
         results: the results document; batches already in it are not run again.
         log_dir: server logs (one file per server).
@@ -93,8 +93,8 @@ class InterleavedRun:
         self.progress, self.servers, self.on_batch = progress, servers, on_batch
         self.done = {(b["config"], b["repeat"], b["unit"]) for b in results["batches"]}
         self.by_name = {c["name"]: c for c in results["configs"]}
-        size = settings.batch_size
-        self.batches = [list(prompts[i : i + size]) for i in range(0, len(prompts), size)]
+        self.units = settings.units(len(prompts))
+        self.batches = [[prompts[i] for i in unit] for unit in self.units]
 
     def todo(self) -> int:
         """How many (configuration, repeat, unit) batches are still to run."""
@@ -246,8 +246,9 @@ class InterleavedRun:
             server.url,
             [(p.id, p.input_ids) for p in batch],
             self.settings.sampling,
-            first_index=unit * self.settings.batch_size,
+            first_index=self._first_index(unit),
             stream=self.settings.stream,
+            samplings=[p.sampling or self.settings.sampling for p in batch],
         )
         record = {
             "config": config.name,
@@ -263,6 +264,12 @@ class InterleavedRun:
             "requests": [r.to_json() for r in res.requests],
         }
         return res, record, ssd_stats.totals(ssd_before) if ssd_before is not None else None
+
+    def _first_index(self, unit: int) -> int:
+        """The run-wide index of the unit's first request (offsets a sampled run's seeds, so
+        repeats differ); `unit` counts on across repeats."""
+        repeat, within = divmod(unit, len(self.units))
+        return repeat * len(self.prompts) + self.units[within].start
 
     def _fail(self, server: Server, config: Config, errors: Sequence[str | None]) -> None:
         """Record why the run stopped, save, and raise `RequestFailed`."""

@@ -24,6 +24,7 @@ class Sampling:
     top_k: int = -1
     seed: int | None = None
     ignore_eos: bool = False
+    stop: tuple[str, ...] = ()  # stop strings (SGLang's `stop`)
 
     @property
     def greedy(self) -> bool:
@@ -63,4 +64,6 @@ class Sampling:
         }
         if self.seed is not None and not self.greedy:
             params["sampling_seed"] = self.seed + request_index
+        if self.stop:
+            params["stop"] = list(self.stop)
         return params

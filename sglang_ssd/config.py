@@ -29,10 +29,12 @@ ENV_VAR = "SGLANG_SSD_CONFIG"
 Mode = Literal["async", "sync"]
 FanoutShape = Literal["geometric", "uniform"]
 BackupChoice = Literal["jit", "ngram", "random", "auto"]
+PlainRounds = Literal["auto", "never", "always"]
 
 MODES: tuple[str, ...] = get_args(Mode)
 FANOUT_SHAPES: tuple[str, ...] = get_args(FanoutShape)
 BACKUPS: tuple[str, ...] = get_args(BackupChoice)
+PLAIN_ROUNDS: tuple[str, ...] = get_args(PlainRounds)
 # Static ceilings on what a flag or a live change can make the speculator allocate; the live
 # bound of the fan-out budget (`fanout_budget_limit`) depends on the pool and is usually far lower.
 MAX_FANOUT_BUDGET = 2**16
@@ -281,6 +283,17 @@ class SSDConfig:
             rule=f"must be an integer in 1..{MAX_DRAFT_KV_TOKENS}",
             metavar="TOKENS",
             parse=int,
+        ),
+    )
+    plain_rounds: PlainRounds = field(
+        default="auto",
+        metadata=flag(
+            "Decode rounds without speculation: one target token per request while the "
+            "speculator is stopped and its CPU cores are lent to the target. auto: when the "
+            "measured rate of plain rounds beats speculation's (probed now and then) and when no "
+            "request has more than one token left; never; always.",
+            choices=PLAIN_ROUNDS,
+            live=True,
         ),
     )
 

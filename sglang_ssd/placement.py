@@ -24,10 +24,12 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Placement:
-    """Where the speculator runs: `device` ("cpu" / "cuda:N") and, on CPU, its cores."""
+    """Where the speculator runs: `device` ("cpu" / "cuda:N") and, on CPU, its cores `cpus`
+    and the target's `target_cpus` (empty on GPU)."""
 
     device: str
     cpus: tuple[int, ...] | None
+    target_cpus: tuple[int, ...] = ()
 
 
 def place(config: SSDConfig, target_device: str) -> Placement:
@@ -49,7 +51,9 @@ def place(config: SSDConfig, target_device: str) -> Placement:
     target_cpus, draft_cpus = split_cpus(config.draft_cpus)
     pin_process(target_cpus)
     logger.info("SSD: target pinned to CPUs %s, speculator to %s", target_cpus, draft_cpus)
-    return Placement(device=config.draft_device or "cpu", cpus=tuple(draft_cpus))
+    return Placement(
+        device=config.draft_device or "cpu", cpus=tuple(draft_cpus), target_cpus=tuple(target_cpus)
+    )
 
 
 def available_cpus() -> list[int]:

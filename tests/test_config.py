@@ -62,12 +62,14 @@ def test_every_flag_is_generated_from_its_declaration():
         *("--ssd-mode", "sync", "--ssd-tree-depth", "2", "--ssd-fanout-budget", "3"),
         *("--ssd-fanout", "uniform", "--ssd-beta", "0.5", "--ssd-backup", "ngram"),
         *("--ssd-batch-threshold", "4", "--ssd-draft-device", "cpu", "--ssd-draft-cpus", "1-2"),
-        *("--ssd-speculator-timeout", "9"),
+        *("--ssd-speculator-timeout", "9", "--ssd-plain-rounds", "never"),
     ]
     got = SSDConfig.from_namespace(parser.parse_args(argv), lookahead=3)
-    assert got == SSDConfig(3, "sync", 2, 3, "uniform", 0.5, "ngram", 4, "cpu", (1, 2), 9.0)
+    expected = SSDConfig(3, "sync", 2, 3, "uniform", 0.5, "ngram", 4, "cpu", (1, 2), 9.0)
+    assert got == expected.replace(plain_rounds="never")
     assert SSDConfig.from_namespace(parser.parse_args([]), lookahead=4) == SSDConfig()
-    assert set(LIVE_FIELDS) == {"tree_depth", "beta", "fanout_budget", "fanout", "backup"}
+    live = {"tree_depth", "beta", "fanout_budget", "fanout", "backup", "plain_rounds"}
+    assert set(LIVE_FIELDS) == live
 
 
 @pytest.mark.parametrize("bad", [{"beta": "x"}, {"fanout_budget": None}, {"draft_cpus": ()}])

@@ -46,7 +46,7 @@ def test_place_on_cpu_pins_the_target_and_gives_the_speculator_its_cores(monkeyp
     pinned: list[list[int]] = []
     monkeypatch.setattr(placement, "available_cpus", lambda: [0, 1, 2, 3])
     monkeypatch.setattr(placement, "pin_process", lambda cpus: pinned.append(list(cpus)))
-    assert placement.place(SSDConfig(), "cpu") == placement.Placement("cpu", (3,))
+    assert placement.place(SSDConfig(), "cpu") == placement.Placement("cpu", (3,), (0, 1, 2))
     assert pinned == [[0, 1, 2]]
     assert placement.place(SSDConfig(draft_cpus=(2, 3)), "cpu").cpus == (2, 3)
 

@@ -99,6 +99,10 @@ def stats(worker: Any, scheduler: Any = None) -> dict[str, Any]:
         if name in speculator:
             out[name] = speculator[name]
     out["speculator"] = speculator
+    plain = _timer_summary(worker.plain_timer)
+    out["plain_rounds"] = {
+        k: plain[k] for k in ("rounds", "request_rounds", "avg_forward_s") if k in plain
+    }
     out.update(round_balance(out["target_phases"], worker.provider))
     if scheduler is not None:
         out.update(scheduler_load(scheduler))

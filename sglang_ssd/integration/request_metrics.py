@@ -1,4 +1,5 @@
-"""Per-request SSD metrics in `meta_info`: `ssd_rounds`, `ssd_cache_hit_rate`, `ssd_backup_rounds`.
+"""Per-request SSD metrics in `meta_info`: `ssd_rounds`, `ssd_cache_hit_rate`, `ssd_backup_rounds`,
+`ssd_plain_rounds`.
 
 Path through SGLang (scheduler → detokenizer → tokenizer manager):
 1. `SSDWorker` calls `worker.metrics.count_request_rounds` each decode round: every
@@ -22,6 +23,7 @@ from sglang_ssd.worker.metrics import snapshot
 
 INFO_KEY = "ssd"
 CACHE = "cache"
+PLAIN = "plain"
 BACKUP_KINDS = ("jit", "ngram", "random", "local-ngram")
 
 
@@ -29,16 +31,20 @@ def meta_info_fields(counts: dict[str, int]) -> dict[str, Any]:
     """The `meta_info` fields for a request's round counts by draft source.
 
     Returns:
-        ``ssd_rounds`` (decode rounds verified), ``ssd_cache_hit_rate`` (fraction of them whose
-        draft came from the speculation cache, 0.0 before any round) and ``ssd_backup_rounds``
-        (rounds drafted by each backup kind).
+        ``ssd_rounds`` (decode rounds), ``ssd_plain_rounds`` (those without speculation),
+        ``ssd_cache_hit_rate`` (fraction of the speculative ones whose draft came from the
+        speculation cache, 0.0 before any) and ``ssd_backup_rounds`` (speculative rounds
+        drafted by each backup kind).
     """
     rounds = sum(counts.values())
+    plain = counts.get(PLAIN, 0)
     backups = dict.fromkeys(BACKUP_KINDS, 0)
-    backups.update({k: v for k, v in counts.items() if k != CACHE})
+    backups.update({k: v for k, v in counts.items() if k not in (CACHE, PLAIN)})
+    speculative = rounds - plain
     return {
         "ssd_rounds": rounds,
-        "ssd_cache_hit_rate": counts.get(CACHE, 0) / rounds if rounds else 0.0,
+        "ssd_plain_rounds": plain,
+        "ssd_cache_hit_rate": counts.get(CACHE, 0) / speculative if speculative else 0.0,
         "ssd_backup_rounds": backups,
     }
 

@@ -50,6 +50,7 @@ class Window:
     speculator_rounds: int = 0  # Drafts received
     speculator_phases: dict[str, float] = field(default_factory=dict)
     tree_depth: int = 0  # the D in force at the report (self-tuned or pinned); 0: unknown
+    plain_rounds: int = 0  # rounds without speculation (`RoundModePolicy`)
 
     def values(self) -> dict[str, float]:
         """Per-round means and per-request-round rates (0 for an empty window)."""
@@ -82,6 +83,8 @@ class Window:
             )
         if self.tree_depth:
             suffix += f", D: {self.tree_depth}"
+        if self.plain_rounds:
+            suffix += f", plain rounds: {self.plain_rounds}"
         return suffix
 
 
@@ -105,6 +108,7 @@ class WindowTracker:
             speculator_rounds=getattr(client, "drafts_received", 0),
             speculator_phases=dict(client.speculator_phases.seconds) if client else {},
             tree_depth=int(getattr(client, "tree_depth", 0)),
+            plain_rounds=_plain_rounds(client),
         )
         last, self.last = self.last, now
         return Window(
@@ -120,7 +124,14 @@ class WindowTracker:
                 k: v - last.speculator_phases.get(k, 0.0) for k, v in now.speculator_phases.items()
             },
             tree_depth=now.tree_depth,
+            plain_rounds=now.plain_rounds - last.plain_rounds,
         )
+
+
+def _plain_rounds(client: Any) -> int:
+    """Plain rounds chosen so far by the client's `RoundModePolicy` (0 without one)."""
+    policy = getattr(client, "round_mode", None)
+    return int(policy.stats()["plain_rounds"]) if policy is not None else 0
 
 
 class DecodeLineFilter(logging.Filter):

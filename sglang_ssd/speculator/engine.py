@@ -45,11 +45,13 @@ PREFILL_CHUNK_TOKENS = 256
 
 @dataclass
 class OutcomeIn:
-    """A verified outcome for one request: k accepted drafts, then bonus token t*."""
+    """A verified outcome for one request: k accepted drafts, then bonus token t*, then the
+    `extra` tokens of plain rounds (committed without a draft)."""
 
     rid: str
     accept_len: int
     bonus: int
+    extra: Sequence[int] = ()
 
 
 class SpeculatorEngine:
@@ -189,7 +191,7 @@ class SpeculatorEngine:
             if (
                 state is None
                 or not 0 <= o.accept_len <= depth
-                or not 0 <= o.bonus < self.vocab_size
+                or not all(0 <= t < self.vocab_size for t in (o.bonus, *o.extra))
             ):
                 logger.warning("speculator: cannot apply outcome %s (draft depth %d)", o, depth)
                 if state is not None:
@@ -197,6 +199,8 @@ class SpeculatorEngine:
                 failed.append(o.rid)
                 continue
             self._apply_one(state, o.accept_len, o.bonus)
+            if o.extra:
+                self._append_plain(state, o.extra)
         return failed
 
     def _apply_one(self, state: RequestState, k: int, bonus: int) -> None:
@@ -235,6 +239,16 @@ class SpeculatorEngine:
         else:
             self.model.kv_pool.free(branches.slots.reshape(-1))
         self.cache.remove(state.rid)
+
+    def _append_plain(self, state: RequestState, tokens: Sequence[int]) -> None:
+        """Commit tokens of plain rounds (the target decoded them without a draft): a draft the
+        cache had for the round after the outcome is stale, and so are the K/V slots of its
+        tokens; the new tokens are fed by the next draft's forward (`serve`)."""
+        committed = len(state.committed)
+        self.model.kv_pool.free(state.slots[committed:])
+        state.slots = state.slots[:committed]
+        state.draft = None
+        state.committed = state.committed + [int(t) for t in tokens]
 
     def _unfeed_root(self, state: RequestState) -> None:
         root = len(state.committed) - 1

@@ -132,7 +132,7 @@ class SpeculatorServer:
         engine = self.engine
         phases = engine.phases
         t0 = time.perf_counter()
-        outcomes = [OutcomeIn(o.rid, o.accept_len, o.bonus) for o in step.outcomes]
+        outcomes = [OutcomeIn(o.rid, o.accept_len, o.bonus, o.extra) for o in step.outcomes]
         engine.build_depth = step.tree_depth  # for every build until the next Step
         engine.apply_outcomes(outcomes)
         t1 = time.perf_counter()

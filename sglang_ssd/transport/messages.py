@@ -33,8 +33,8 @@ from sglang_ssd.config import FLAGS, LIVE_FIELDS, SSDConfig, check_setting
 # SpeculatorTiming.idle_s (nobody read them). 3: dropped Outcome.round_id (always 0) and
 # Close.reason (never read). 4: SpeculatorTiming.phases (seconds by phase, issue 12).
 # 5: Step.tree_depth (the target's self-tuned D for the builds after this Step) and
-# SpeculatorTiming.forwards / build_forwards.
-PROTOCOL_VERSION = 5
+# SpeculatorTiming.forwards / build_forwards. 6: Outcome.extra (tokens of plain rounds).
+PROTOCOL_VERSION = 6
 
 MAX_ID = 2**63 - 1
 MAX_TOKEN_ID = 2**31 - 1
@@ -165,11 +165,13 @@ class Close(_Message, tag="close"):
 
 
 class Outcome(_Struct):
-    """Verify result of one request's last round: k accepted draft tokens + the bonus."""
+    """Verify result of one request's last speculative round: k accepted draft tokens + the
+    bonus, then `extra`: the tokens the target committed in plain rounds since (no draft)."""
 
     rid: Rid
     accept_len: Annotated[int, Meta(ge=0, le=MAX_DEPTH)]
     bonus: TokenId
+    extra: list[TokenId] = msgspec.field(default_factory=list)
 
 
 class Step(_Message, tag="step"):

@@ -21,7 +21,8 @@ class DraftBatch:
         depth: int64 [B], D_r, the number of valid tokens per row.
         q: float32 [B, Dmax, V] or None; rows without `has_q` are zeros.
         has_q: bool [B]; False rows are point masses (n-gram, random) or greedy.
-        sources: per row "cache", "jit", "ngram", "random" or "local-ngram".
+        sources: per row "cache", "jit", "ngram", "random", "local-ngram" or "plain" (a plain
+            round: no draft).
     """
 
     tokens: torch.Tensor
@@ -29,6 +30,17 @@ class DraftBatch:
     q: torch.Tensor | None
     has_q: torch.Tensor
     sources: list[str]
+
+    @classmethod
+    def plain(cls, batch_size: int) -> DraftBatch:
+        """A plain round's drafts: no token for any of `batch_size` rows (source "plain")."""
+        return cls(
+            tokens=torch.empty(batch_size, 0, dtype=torch.int64),
+            depth=torch.zeros(batch_size, dtype=torch.int64),
+            q=None,
+            has_q=torch.zeros(batch_size, dtype=torch.bool),
+            sources=["plain"] * batch_size,
+        )
 
     @property
     def batch_size(self) -> int:

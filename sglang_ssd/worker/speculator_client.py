@@ -12,10 +12,11 @@ and restarts it in the background; the target keeps serving with its own n-gram 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -40,8 +41,10 @@ from sglang_ssd.transport import (
     TargetLink,
     TransportError,
 )
+from sglang_ssd.worker.core_lending import CoreLending
 from sglang_ssd.worker.draft_batch import DraftBatch
 from sglang_ssd.worker.draft_provider import DraftSupplier, LocalNgramProvider, request_tokens
+from sglang_ssd.worker.round_mode import RoundModePolicy
 from sglang_ssd.worker.supervisor import SpeculatorProcess, Supervisor
 
 logger = logging.getLogger(__name__)
@@ -98,6 +101,7 @@ class SpeculatorClient:
         self.vocab_size = vocab_size
         self.local: DraftSupplier = LocalNgramProvider(config.lookahead)
         self.policy = default_policy(config)
+        self.round_mode = RoundModePolicy(config.plain_rounds)
         # D per build: self-tuned unless --ssd-tree-depth (or POST /ssd/config) pins it.
         self.tuner = DepthTuner(config.lookahead, pinned=config.tree_depth)
         self.opened: dict[str, int] = {}  # rid -> committed tokens the speculator holds
@@ -112,10 +116,12 @@ class SpeculatorClient:
         self.speculator_phases = PhaseTimer()
         self.drafts_received = 0
         self._lock = threading.Lock()
+        placement = place(config, target_device)
+        self.lending = CoreLending(placement.target_cpus, placement.cpus or ())
         self.supervisor = Supervisor(
             lambda: self.config,  # a restarted speculator starts from the live settings
             draft_model_path,
-            place(config, target_device),
+            placement,
             self._lock,
             self._forget,
         )
@@ -206,9 +212,9 @@ class SpeculatorClient:
         for req in reqs:
             tokens = request_tokens(req)
             known = self.opened.get(req.rid)
-            k, bonus = self.pending.pop(req.rid, (0, tokens[-1]))
-            if known is not None and known + k + 1 == len(tokens) and tokens[-1] == bonus:
-                outcomes.append(Outcome(rid=req.rid, accept_len=k, bonus=bonus))
+            outcome = outcome_since(req.rid, tokens, known, self.pending.pop(req.rid, None))
+            if outcome is not None:
+                outcomes.append(outcome)
             elif known != len(tokens):
                 if known is not None:
                     link.send(Close(rid=req.rid))
@@ -302,6 +308,18 @@ class SpeculatorClient:
         self.last_depths = {req.rid: int(d) for req, d in zip(reqs, depth.tolist(), strict=True)}
         return DraftBatch(tokens=tokens, depth=depth, q=dense_q, has_q=has_q, sources=sources)
 
+    @contextlib.contextmanager
+    def cores_lent(self) -> Iterator[None]:
+        """For a plain round's forward: the speculator stopped and its CPU cores lent to the
+        target (`CoreLending`), under the client's lock so that no admin request waits on a
+        stopped speculator. The tokens the round commits reach the speculator with the next
+        Step's outcomes (`Outcome.extra`)."""
+        with self._lock:
+            process = self.process
+            pid = process.pid if process is not None and process.alive() else None
+            with self.lending.lent(pid):
+                yield
+
     def record_outcomes(
         self,
         rids: Sequence[str],
@@ -381,6 +399,8 @@ class SpeculatorClient:
             self.config = self.config.replace(**changes)
             if "tree_depth" in changes:  # 0 self-tunes again (the config holds None)
                 self.tuner.pin(self.config.tree_depth)
+            if "plain_rounds" in changes:
+                self.round_mode.setting = changes["plain_rounds"]
             if "backup" in changes:
                 self.policy.mode = (
                     Backup(changes["backup"]) if changes["backup"] != "auto" else "auto"
@@ -424,6 +444,7 @@ class SpeculatorClient:
                 draft_kv_tokens=float(self.config.draft_kv_tokens or 0),
             )
             out.update(self.tuner.stats(), tree_depth=float(self.tree_depth))
+            out.update(self.round_mode.stats(), cores_lent=float(self.lending.lends))
             if self.process is not None:
                 out["speculator_pid"] = float(self.process.pid)
         return out
@@ -431,6 +452,32 @@ class SpeculatorClient:
     def shutdown(self) -> None:
         """Stop the speculator (and any restart in progress) for good; idempotent."""
         self.supervisor.stop()
+
+
+def outcome_since(
+    rid: str, tokens: Sequence[int], known: int | None, pending: tuple[int, int] | None
+) -> Outcome | None:
+    """What the speculator must learn about a request since the last Step that carried it.
+
+    Args:
+        rid: the request.
+        tokens: all its tokens now (prompt + output).
+        known: how many of them the speculator holds (None: it does not know the request).
+        pending: (k, bonus) verified in its last speculative round, None if there was none
+            since (a new request, or one whose round was not reported).
+
+    Returns:
+        The `Outcome`: k accepted draft tokens, the bonus, then as `extra` the tokens plain
+        rounds committed since; or None when `tokens` do not continue what the speculator
+        holds that way (the caller re-opens the request) or hold nothing new.
+    """
+    k, bonus = pending if pending is not None else (0, None)
+    if known is None:
+        return None
+    at = known + k  # where the outcome's bonus sits in `tokens`
+    if at >= len(tokens) or bonus not in (None, tokens[at]):
+        return None
+    return Outcome(rid=rid, accept_len=k, bonus=tokens[at], extra=list(tokens[at + 1 :]))
 
 
 def _sampling_spec(req: Any) -> SamplingSpec:

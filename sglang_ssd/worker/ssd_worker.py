@@ -10,6 +10,7 @@ the next round's request. Prefill batches run the target as usual.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import Any
@@ -30,6 +31,7 @@ from sglang_ssd.config import SSDConfig, TargetCapacity
 from sglang_ssd.saguaro import SamplingBatch
 from sglang_ssd.worker.draft_batch import DraftBatch
 from sglang_ssd.worker.metrics import RoundTimer, count_request_rounds
+from sglang_ssd.worker.round_mode import RoundMode
 from sglang_ssd.worker.speculator_client import SpeculatorClient
 from sglang_ssd.worker.verify_step import VerifiedBatch, verify_batch, verify_tokens
 
@@ -84,8 +86,10 @@ class SSDWorker(BaseSpecWorker):
         # Started by `alloc_memory_pool`, once the target's capacity (which sizes the
         # speculator's KV pool) is known.
         self.provider: SpeculatorClient
-        self.timer = RoundTimer()
+        self.timer = RoundTimer()  # speculative rounds
+        self.plain_timer = RoundTimer()  # plain rounds (no draft, cores lent)
         self._last_decode_end: float | None = None
+        self._gap_s = 0.0  # the latest scheduler time between two decode rounds
 
     # ------------------------------------------------------------ SGLang plumbing
     @property
@@ -127,7 +131,9 @@ class SSDWorker(BaseSpecWorker):
     def _extend(self, batch: ScheduleBatch, on_publish: Any) -> GenerationBatchResult:
         self._last_decode_end = None  # the gap to the next decode round holds this prefill
         self.provider.prepare(batch.reqs)
-        result = self._target_worker.forward_batch_generation(batch)
+        self.provider.round_mode.note_arrival()
+        with self._cores(self.provider.round_mode.plain_now):
+            result = self._target_worker.forward_batch_generation(batch)
         bs = len(batch.reqs)
         predict = result.next_token_ids
         accept_tokens = torch.zeros(bs, self.width, dtype=torch.int32, device=self.device)
@@ -147,20 +153,30 @@ class SSDWorker(BaseSpecWorker):
         )
 
     def _decode(self, batch: ScheduleBatch, on_publish: Any) -> GenerationBatchResult:
-        """One SSD round: drafts, one TARGET_VERIFY forward over W = γ + 1 positions per
-        request, verification, KV moves of the accepted tokens, bookkeeping. Each step is timed
-        as a phase of `self.timer.phases` (`wait_draft`, `build_batch`, `forward`, `verify`,
-        `commit`, `record`, and `scheduler`: the time SGLang spent between two decode rounds)."""
-        phases = self.timer.phases
+        """One decode round, speculative or plain (`RoundModePolicy` decides): drafts (none in a
+        plain round), one TARGET_VERIFY forward over W positions per request (γ + 1; 1 in a
+        plain round, with the speculator's cores lent to the target), verification, KV moves
+        of the accepted tokens, bookkeeping. Each step is timed as a phase of the round timer
+        (`wait_draft`, `build_batch`, `forward`, `verify`, `commit`, `record`, and
+        `scheduler`: the time SGLang spent between two decode rounds); plain rounds have their
+        own timer (`self.plain_timer`)."""
         t_start = time.perf_counter()
         if self._last_decode_end is not None:
-            phases.add("scheduler", t_start - self._last_decode_end)
-        drafts = self.provider.drafts(batch.reqs)
+            self._gap_s = t_start - self._last_decode_end
+        bs = len(batch.reqs)
+        mode = self.provider.round_mode.choose(bs, [_tokens_left(req) for req in batch.reqs])
+        plain = mode == RoundMode.PLAIN
+        timer = self.plain_timer if plain else self.timer
+        phases = timer.phases
+        if self._last_decode_end is not None:
+            phases.add("scheduler", self._gap_s)
+        drafts = DraftBatch.plain(bs) if plain else self.provider.drafts(batch.reqs)
+        width = 1 if plain else self.width
         t_drafts = time.perf_counter()
         phases.add("wait_draft", t_drafts - t_start)
         with phases.phase("build_batch"):
-            seq_lens = self._build_verify_batch(batch, drafts)
-        with phases.phase("forward"):
+            seq_lens = self._build_verify_batch(batch, drafts, width)
+        with phases.phase("forward"), self._cores(plain):
             result = self._target_worker.forward_batch_generation(batch, is_verify=True)
         logits_output = result.logits_output
         t_forward = time.perf_counter()
@@ -169,7 +185,7 @@ class SSDWorker(BaseSpecWorker):
                 logits_output.next_token_logits,
                 drafts,
                 _sampling_of(batch),
-                self.width,
+                width,
                 self.generator,
             )
         with phases.phase("commit"):
@@ -178,10 +194,19 @@ class SSDWorker(BaseSpecWorker):
             if on_publish is not None:
                 on_publish(new_seq_lens)
         with phases.phase("record"):
-            self._record_round(batch, drafts, verified, (t_start, t_drafts, t_forward))
+            self._record_round(batch, drafts, verified, (t_start, t_drafts, t_forward), timer)
         batch.forward_mode = ForwardMode.DECODE
-        accept_tokens = predict[accept_index].flatten()
+        # SGLang reads each request's first accept_len tokens at stride self.width.
+        accept_tokens = torch.nn.functional.pad(
+            predict[accept_index].view(bs, width), (0, self.width - width)
+        ).flatten()
         self._last_decode_end = time.perf_counter()
+        self.provider.round_mode.observe(
+            mode,
+            bs,
+            self._last_decode_end - t_start + self._gap_s,
+            float(verified.accept_len.float().mean()) + 1.0,
+        )
         return self._result(
             logits_output,
             next_token_ids=accept_tokens,
@@ -191,11 +216,18 @@ class SSDWorker(BaseSpecWorker):
             can_run_cuda_graph=False,
         )
 
-    def _build_verify_batch(self, batch: ScheduleBatch, drafts: DraftBatch) -> torch.Tensor:
-        """Turn the decode `batch` into a TARGET_VERIFY batch over [root, d_1 .. d_γ] per
-        request, with KV slots for all W positions; returns the seq lens before the round."""
+    def _cores(self, plain: bool) -> contextlib.AbstractContextManager[None]:
+        """A plain round's forward runs on the speculator's cores too (`cores_lent`), and so
+        does a prefill while plain rounds are the mode in use."""
+        return self.provider.cores_lent() if plain else contextlib.nullcontext()
+
+    def _build_verify_batch(
+        self, batch: ScheduleBatch, drafts: DraftBatch, width: int
+    ) -> torch.Tensor:
+        """Turn the decode `batch` into a TARGET_VERIFY batch over [root, d_1 .. d_{W-1}] per
+        request, with KV slots for all W = `width` positions; returns the seq lens before the
+        round."""
         bs = len(batch.reqs)
-        width = self.width
         roots = [
             req.output_ids[-1] if len(req.output_ids) else req.origin_input_ids[-1]
             for req in batch.reqs
@@ -250,17 +282,20 @@ class SSDWorker(BaseSpecWorker):
         drafts: DraftBatch,
         verified: VerifiedBatch,
         times: tuple[float, float, float],
+        timer: RoundTimer,
     ) -> None:
-        """Outcomes to the speculator, the round's timers and per-request source counts;
-        `times` are perf_counter seconds at the round's start, drafts in hand, forward done."""
+        """Outcomes to the speculator (speculative rounds only: a plain round's tokens reach
+        it with the next Step), the round's timers and per-request source counts; `times` are
+        perf_counter seconds at the round's start, drafts in hand, forward done."""
         t_start, t_drafts, t_forward = times
-        self.provider.record_outcomes(
-            [req.rid for req in batch.reqs],
-            verified.accept_len.tolist(),
-            verified.bonus.tolist(),
-            verify_s=t_forward - t_drafts,
-        )
-        self.timer.record(
+        if timer is self.timer:
+            self.provider.record_outcomes(
+                [req.rid for req in batch.reqs],
+                verified.accept_len.tolist(),
+                verified.bonus.tolist(),
+                verify_s=t_forward - t_drafts,
+            )
+        timer.record(
             batch_size=len(batch.reqs),
             wait_draft_s=t_drafts - t_start,
             verify_s=time.perf_counter() - t_drafts,
@@ -295,6 +330,12 @@ class SSDWorker(BaseSpecWorker):
             ),
             speculative_num_draft_tokens=self.width,
         )
+
+
+def _tokens_left(req: Any) -> int:
+    """Tokens the request may still generate (its max_new_tokens minus its output so far)."""
+    limit = req.sampling_params.max_new_tokens
+    return (1 << 30) if limit is None else int(limit) - len(req.output_ids)
 
 
 def _sampling_of(batch: ScheduleBatch) -> SamplingBatch:

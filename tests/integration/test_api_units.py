@@ -95,6 +95,10 @@ def test_meta_info_fields() -> None:
     assert fields["ssd_cache_hit_rate"] == pytest.approx(0.75)
     assert fields["ssd_backup_rounds"] == {"jit": 1, "ngram": 0, "random": 0, "local-ngram": 0}
     assert request_metrics.meta_info_fields({})["ssd_cache_hit_rate"] == 0.0
+    mixed = request_metrics.meta_info_fields({"cache": 1, "ngram": 1, "plain": 2})
+    assert mixed["ssd_rounds"] == 4 and mixed["ssd_plain_rounds"] == 2
+    assert mixed["ssd_cache_hit_rate"] == pytest.approx(0.5)
+    assert "plain" not in mixed["ssd_backup_rounds"]
 
 
 def test_round_counts_live_on_requests() -> None:
@@ -166,6 +170,7 @@ class FakeClient:
 class FakeWorker:
     config: SSDConfig = field(default_factory=SSDConfig)
     timer: worker_metrics.RoundTimer = field(default_factory=round_timer)
+    plain_timer: worker_metrics.RoundTimer = field(default_factory=worker_metrics.RoundTimer)
     provider: FakeClient = field(default_factory=FakeClient)
 
 
@@ -190,7 +195,7 @@ def test_admin_config_round_trip() -> None:
     assert got.status == 200 and got.config.beta == 0.5 and not got.applied_locally
     body = admin.http_body("configure", got)
     assert body["acknowledged"] == {"beta": 0.5, "backup": "ngram", "fanout": "geometric",
-                                    "fanout_budget": 8}  # fmt: skip
+                                    "fanout_budget": 8, "plain_rounds": "auto"}  # fmt: skip
     assert body["config"]["beta"] == 0.5
     assert _ask(worker, "config").config.backup == "ngram"
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
+import itertools
 import os
+import time
 from pathlib import Path
 
 import psutil
@@ -118,6 +120,34 @@ def test_speculator_is_a_separate_process_on_disjoint_cores(servers):
     target_cpus = set(os.sched_getaffinity(scheduler.pid))
     draft_cpus = set(os.sched_getaffinity(speculators[0].pid))
     assert target_cpus and draft_cpus and not target_cpus & draft_cpus
+
+
+def test_plain_rounds_switched_mid_request_keep_greedy_output(servers):
+    """Plain rounds (no draft, the speculator stopped, its core lent to the target) switched on
+    and off while one long request decodes: each switch back to speculation hands the
+    speculator the plain rounds' tokens (`Outcome.extra`), and the output stays the target's."""
+    url = servers["ssd"].url
+    prompt, n = PROMPTS[1], 150
+    expected = _generate(servers["ar"], prompt, n, temperature=0, ignore_eos=True)
+    faults = requests.get(f"{url}/ssd/stats", timeout=60).json()["faults"]
+    settings = itertools.cycle(["always", "never"])
+    try:
+        with cf.ThreadPoolExecutor(1) as pool:
+            run = pool.submit(_generate, servers["ssd"], prompt, n, temperature=0, ignore_eos=True)
+            while not run.done():
+                body = {"plain_rounds": next(settings)}
+                assert requests.post(f"{url}/ssd/config", json=body, timeout=60).ok
+                time.sleep(0.05)
+            got = run.result()
+    finally:
+        requests.post(f"{url}/ssd/config", json={"plain_rounds": "auto"}, timeout=60)
+    assert got["output_ids"] == expected["output_ids"]
+    meta = got["meta_info"]
+    assert 0 < meta["ssd_plain_rounds"] < meta["ssd_rounds"]
+    stats = requests.get(f"{url}/ssd/stats", timeout=60).json()
+    assert stats["plain_rounds"]["rounds"] >= meta["ssd_plain_rounds"]
+    assert stats["speculator"]["cores_lent"] >= meta["ssd_plain_rounds"]
+    assert stats["faults"] == faults  # a stopped speculator never looked dead or late
 
 
 def test_tree_depth_is_self_tuned_until_pinned(servers):

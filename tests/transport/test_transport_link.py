@@ -89,7 +89,11 @@ def test_rounds_replies_and_shutdown() -> None:
                 spec.send_drafts(*make_drafts(msg.step_id, msg.requests))
             elif isinstance(msg, m.Configure):
                 applied = m.LiveSettings(
-                    fanout_budget=4, fanout="uniform", beta=msg.changes.beta, backup="jit"
+                    fanout_budget=4,
+                    fanout="uniform",
+                    beta=msg.changes.beta,
+                    backup="jit",
+                    plain_rounds="auto",
                 )
                 spec.send(m.ConfigureAck(applied=applied))
             elif isinstance(msg, m.StatsRequest):

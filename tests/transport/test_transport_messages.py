@@ -133,7 +133,14 @@ def test_construction_and_encode_check_values() -> None:
 
 def test_live_settings_are_the_live_fields_of_ssd_config() -> None:
     hints = typing.get_type_hints(SSDConfig)
-    assert LIVE_FIELDS == ("tree_depth", "fanout_budget", "fanout", "beta", "backup")
+    assert LIVE_FIELDS == (
+        "tree_depth",
+        "fanout_budget",
+        "fanout",
+        "beta",
+        "backup",
+        "plain_rounds",
+    )
     assert m.LiveSettings.__struct_fields__ == LIVE_FIELDS
     for name, kind in typing.get_type_hints(m.LiveSettings).items():
         assert kind == hints[name] | None, name
@@ -143,6 +150,7 @@ def test_live_settings_are_the_live_fields_of_ssd_config() -> None:
         "fanout": "geometric",
         "beta": 0.25,
         "backup": "auto",
+        "plain_rounds": "auto",
     }
     assert m.LiveSettings(fanout="uniform").given() == {"fanout": "uniform"}
     with pytest.raises(ValueError, match="--ssd-beta must be in"):
