@@ -290,8 +290,9 @@ class SSDConfig:
         metadata=flag(
             "Decode rounds without speculation: one target token per request while the "
             "speculator is stopped and its CPU cores are lent to the target. auto: when the "
-            "measured rate of plain rounds beats speculation's (probed now and then) and when no "
-            "request has more than one token left; never; always.",
+            "measured plain round beats the batch's own accept length over the measured "
+            "speculative round (speculation re-probed now and then), and when no request has "
+            "more than one token left; never; always.",
             choices=PLAIN_ROUNDS,
             live=True,
         ),

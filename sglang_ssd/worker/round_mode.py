@@ -3,17 +3,20 @@
 A plain round verifies no draft: one TARGET_VERIFY position per request (its root), the bonus
 token sampled from p (exact: Theorem 1 with an empty draft), while the speculator is stopped and
 its cores are lent to the target (`sglang_ssd.worker.core_lending`). So a plain round runs at
-plain decoding's speed on all the machine's cores, and SSD is never much slower than AR: on a
-2-core CPU the target alone on both cores decodes ~1.7x faster than on its own core, so
-speculation pays only while it yields more than ~1.7x the tokens per round time.
+plain decoding's speed on all the machine's cores: on a 2-core CPU the target alone on both
+cores decodes ~1.7x faster than on its own core, so speculation pays only while it yields more
+than ~1.7x the tokens per round time.
 
-The choice is measured, not modelled: per batch size b the policy keeps moving averages of the
-wall time of speculative and plain rounds, and over all speculative rounds the tokens each
-request gains per round (accept length, bonus included). It picks the higher rate, L / t_spec(b)
-against 1 / t_plain(b), with a margin against flapping, and re-measures the other mode with a
-short probe whose interval doubles while the choice holds (exponential backoff), so a change of
-traffic (chat turns into code) is noticed. A batch where no request has more than one token
-left to generate is always plain: no draft token could be used.
+The choice is measured, not modelled. Per batch size b the policy keeps moving averages of the
+wall time of speculative and plain rounds (t_spec(b), t_plain(b); before plain rounds were
+measured, t_plain(b) = `plain_prior` x t_spec(b)). Each request brings its own accept length
+L_r (tokens per speculative round, bonus included, a moving average kept by the worker on the
+request): the batch speculates while mean(L_r) / t_spec(b) beats 1 / t_plain(b) (with a
+margin against flapping). A request whose L_r is not known yet makes the round speculate, so
+newcomers are measured at once. While plain rounds are in use, speculation is re-probed for a
+few rounds at intervals that double while plain keeps winning (exponential backoff), since the
+requests' text may turn more predictable. A batch where no request has more than one token left
+to generate is always plain: no draft token could be used.
 """
 
 from __future__ import annotations
@@ -34,31 +37,30 @@ class RoundMode(str, enum.Enum):
 
 
 @dataclass
-class _Ema:
-    """A moving average that starts at its first observation."""
+class Ema:
+    """A moving average that starts at its first observation (`weight` of each new one)."""
 
     weight: float
     value: float | None = None
+    count: int = 0
 
     def add(self, x: float) -> None:
         self.value = x if self.value is None else (1.0 - self.weight) * self.value + self.weight * x
+        self.count += 1
 
 
 @dataclass
 class RoundModePolicy:
-    """Chooses each decode round's `RoundMode` from measured round rates (module docstring).
+    """Chooses each decode round's `RoundMode` from measured rates (module docstring).
 
     Attributes:
         setting: "auto" (measure and choose), "never" (always speculate), "always" (always plain).
-        ema_weight: weight in (0, 1] of a new observation in the moving averages.
-        warmup_rounds: speculative rounds measured before the first plain probe.
-        probe_rounds: rounds per probe of plain rounds; a probe of speculation takes
-            `spec_probe_rounds`, since its cache warms up only after the switch.
-        settle_rounds: rounds after a switch to each mode that are not measured (they pay the
-            switch: after plain rounds the speculator drafts just in time, then rebuilds its
-            cache); the keys are `RoundMode` values.
-        backoff_min, backoff_max: rounds between probes; doubles from min to max each time a
-            probe confirms the choice, back to min when it changes it.
+        ema_weight: weight in (0, 1] of a new round time in the moving averages.
+        plain_prior: t_plain(b) / t_spec(b) assumed before a plain round at b was measured
+            (0.5: 2-core decode against a 1-core verify on this project's CPUs).
+        probe_rounds: speculative rounds per probe while plain rounds are in use.
+        backoff_min, backoff_max: plain rounds between probes; doubles from min to max each
+            time a probe confirms plain rounds, back to min when speculation takes over.
         margin: the other mode must be rated this factor faster to take over (≥ 1).
 
     Raises:
@@ -67,106 +69,90 @@ class RoundModePolicy:
 
     setting: str = "auto"
     ema_weight: float = 0.3
-    warmup_rounds: int = 6
-    probe_rounds: int = 3
-    spec_probe_rounds: int = 8
-    settle_rounds: dict[str, int] = field(default_factory=lambda: {"speculate": 2, "plain": 1})
+    plain_prior: float = 0.5
+    probe_rounds: int = 4
     backoff_min: int = 16
     backoff_max: int = 256
     margin: float = 1.05
-    _tokens: _Ema = field(init=False)
-    _times: dict[RoundMode, dict[int, _Ema]] = field(init=False)
+    _times: dict[RoundMode, dict[int, Ema]] = field(init=False)
     _current: RoundMode = field(init=False, default=RoundMode.SPECULATE)
     _probe_left: int = field(init=False, default=0)
     _since_probe: int = field(init=False, default=0)
     _backoff: int = field(init=False)
-    _probed: bool = field(init=False, default=False)
-    _last: RoundMode | None = field(init=False, default=None)
-    _run: int = field(init=False, default=0)  # rounds of `_last`'s mode in a row
     rounds: dict[RoundMode, int] = field(init=False)
 
     def __post_init__(self) -> None:
         if self.setting not in PLAIN_ROUNDS:
             raise ValueError(f"setting must be one of {PLAIN_ROUNDS}, got {self.setting!r}")
-        if not 0.0 < self.ema_weight <= 1.0:
-            raise ValueError(f"ema_weight must be in (0, 1], got {self.ema_weight}")
-        settle = self.settle_rounds
-        if self.warmup_rounds < 1 or set(settle) != {m.value for m in RoundMode}:
-            raise ValueError("warmup_rounds must be >= 1 and settle_rounds name both modes")
-        probes = {"plain": self.probe_rounds, "speculate": self.spec_probe_rounds}
-        if any(probes[m] <= settle[m] or settle[m] < 0 for m in probes):
-            raise ValueError("each probe must outlast its mode's settle rounds")
-        if not 1 <= self.backoff_min <= self.backoff_max or self.margin < 1.0:
-            raise ValueError("need 1 <= backoff_min <= backoff_max and margin >= 1")
-        self._tokens = _Ema(self.ema_weight)
+        if not 0.0 < self.ema_weight <= 1.0 or not self.plain_prior > 0.0:
+            raise ValueError("ema_weight must be in (0, 1] and plain_prior > 0")
+        if self.probe_rounds < 1 or not 1 <= self.backoff_min <= self.backoff_max:
+            raise ValueError("need probe_rounds >= 1 and 1 <= backoff_min <= backoff_max")
+        if self.margin < 1.0:
+            raise ValueError(f"margin must be >= 1, got {self.margin}")
         self._times = {mode: {} for mode in RoundMode}
         self._backoff = self.backoff_min
         self.rounds = {mode: 0 for mode in RoundMode}
 
     # ------------------------------------------------------------------ choice
-    def choose(self, batch_size: int, tokens_left: Sequence[int]) -> RoundMode:
+    def choose(
+        self,
+        tokens_left: Sequence[int],
+        accept_lengths: Sequence[float | None],
+    ) -> RoundMode:
         """The mode of the next decode round.
 
         Args:
-            batch_size: b >= 1, requests in the round.
             tokens_left: per request, tokens it may still generate (max_new_tokens minus its
                 output so far); a round where every entry is <= 1 is plain (unless "never").
+            accept_lengths: per request, its L_r (tokens per speculative round, >= 1), None
+                while unknown.
 
         Raises:
-            ValueError: if batch_size < 1.
+            ValueError: on an empty batch or lists of different lengths.
         """
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if not tokens_left or len(tokens_left) != len(accept_lengths):
+            raise ValueError("choose needs one tokens_left and accept length per request")
         if self.setting != "auto":
             mode = RoundMode.PLAIN if self.setting == "always" else RoundMode.SPECULATE
-        elif tokens_left and max(tokens_left) <= 1:
+        elif max(tokens_left) <= 1:
             mode = RoundMode.PLAIN
         else:
-            mode = self._auto(batch_size)
+            mode = self._auto(accept_lengths)
         self.rounds[mode] += 1
         return mode
 
-    def _auto(self, batch_size: int) -> RoundMode:
+    def _auto(self, accept_lengths: Sequence[float | None]) -> RoundMode:
         if self._probe_left > 0:
             self._probe_left -= 1
-            return self._other(self._current)
-        preferred = self._preferred(batch_size)
-        if preferred is not None and preferred != self._current:
+            return RoundMode.SPECULATE
+        known = [x for x in accept_lengths if x is not None]
+        if len(known) < len(accept_lengths):
+            return RoundMode.SPECULATE  # measure the newcomers
+        preferred = self.preferred(len(known), sum(known) / len(known))
+        if preferred != self._current:
             self._current = preferred
             self._since_probe = 0
-            self._backoff = self.backoff_min
-        elif self._probed:  # the probe confirmed the choice: probe half as often
-            self._backoff = min(2 * self._backoff, self.backoff_max)
-        self._probed = False
+            if preferred == RoundMode.SPECULATE:
+                self._backoff = self.backoff_min
+        if self._current == RoundMode.SPECULATE:
+            return RoundMode.SPECULATE
         self._since_probe += 1
-        other = self._other(self._current)
-        interval = self.warmup_rounds if not self._times[other] else self._backoff
-        if self._since_probe > interval:
-            return self._start_probe()
-        return self._current
+        if self._since_probe > self._backoff:  # plain held: probe speculation, then wait longer
+            self._since_probe = 0
+            self._backoff = min(2 * self._backoff, self.backoff_max)
+            self._probe_left = self.probe_rounds - 1
+            return RoundMode.SPECULATE
+        return RoundMode.PLAIN
 
-    def _start_probe(self) -> RoundMode:
-        """The first round of a probe of the mode not in use."""
-        other = self._other(self._current)
-        length = self.spec_probe_rounds if other == RoundMode.SPECULATE else self.probe_rounds
-        self._since_probe = 0
-        self._probe_left = length - 1
-        self._probed = True
-        return other
-
-    def note_arrival(self) -> None:
-        """New requests joined (a prefill ran): if plain rounds are in use, speculation is
-        probed from the next round on, since the newcomers' acceptance is unknown."""
-        if self.setting == "auto" and self._current == RoundMode.PLAIN and not self._probe_left:
-            self._since_probe = self._backoff  # `_auto` starts the probe at the next round
-
-    def _preferred(self, batch_size: int) -> RoundMode | None:
-        """The mode rated faster at this batch size (None until both are measured); the mode in
-        use keeps its place unless the other is `margin` times faster."""
-        spec = self.rate(RoundMode.SPECULATE, batch_size)
+    def preferred(self, batch_size: int, accept_length: float) -> RoundMode:
+        """The mode rated faster for `batch_size` requests whose mean L_r is `accept_length`;
+        the mode in use keeps its place unless the other is `margin` times faster, and with no
+        speculative round measured yet it is speculation."""
+        spec = self.rate(RoundMode.SPECULATE, batch_size, accept_length)
         plain = self.rate(RoundMode.PLAIN, batch_size)
         if spec is None or plain is None:
-            return None
+            return RoundMode.SPECULATE
         if self._current == RoundMode.SPECULATE:
             return RoundMode.PLAIN if plain > self.margin * spec else RoundMode.SPECULATE
         return RoundMode.SPECULATE if spec > self.margin * plain else RoundMode.PLAIN
@@ -179,16 +165,17 @@ class RoundModePolicy:
             self.setting == "auto" and self._current == RoundMode.PLAIN
         )
 
-    def rate(self, mode: RoundMode, batch_size: int) -> float | None:
-        """Measured tokens per request per second of `mode` at (the nearest measured) batch
-        size, or None before the first measurement."""
+    def rate(self, mode: RoundMode, batch_size: int, accept_length: float = 1.0) -> float | None:
+        """Tokens per request per second of `mode` at `batch_size` (the nearest measured size),
+        a speculative round yielding `accept_length` tokens per request; None before the round
+        times it needs were measured."""
         t = self._time(mode, batch_size)
+        if t is None and mode == RoundMode.PLAIN:
+            spec = self._time(RoundMode.SPECULATE, batch_size)
+            t = None if spec is None else self.plain_prior * spec
         if t is None or t <= 0:
             return None
-        if mode == RoundMode.PLAIN:
-            return 1.0 / t
-        tokens = self._tokens.value
-        return None if tokens is None else tokens / t
+        return (accept_length if mode == RoundMode.SPECULATE else 1.0) / t
 
     def _time(self, mode: RoundMode, batch_size: int) -> float | None:
         known = {b: e.value for b, e in self._times[mode].items() if e.value is not None}
@@ -197,46 +184,52 @@ class RoundModePolicy:
         nearest = min(known, key=lambda b: (abs(math.log(b / batch_size)), b))
         return known[nearest]
 
-    @staticmethod
-    def _other(mode: RoundMode) -> RoundMode:
-        return RoundMode.PLAIN if mode == RoundMode.SPECULATE else RoundMode.SPECULATE
-
     # ------------------------------------------------------------------ measurements
-    def observe(
-        self, mode: RoundMode, batch_size: int, round_s: float, tokens_per_request: float
-    ) -> None:
-        """Fold in one finished round (the `settle_rounds` after a switch are skipped: they pay
-        the switch, not the mode's steady rate).
+    def observe(self, mode: RoundMode, batch_size: int, round_s: float) -> None:
+        """Fold in one finished round's wall time (the caller skips a speculative round right
+        after plain rounds: it pays the switch, a cold speculation cache).
 
         Args:
             mode: what the round did.
             batch_size: its b >= 1.
             round_s: its wall time in seconds (> 0), scheduler time between rounds included.
-            tokens_per_request: mean tokens committed per request (bonus included, >= 1).
 
         Raises:
-            ValueError: on a non-positive time or batch size, or fewer than 1 token.
+            ValueError: on a non-positive time or batch size.
         """
         if batch_size < 1 or not (math.isfinite(round_s) and round_s > 0):
             raise ValueError(f"need batch_size >= 1 and round_s > 0, got {batch_size}, {round_s}")
-        if tokens_per_request < 1.0:
-            raise ValueError(f"tokens_per_request must be >= 1, got {tokens_per_request}")
-        self._run = self._run + 1 if mode == self._last else 1
-        self._last = mode
-        if self._run <= self.settle_rounds[mode.value]:
-            return
-        self._times[mode].setdefault(batch_size, _Ema(self.ema_weight)).add(round_s)
-        if mode == RoundMode.SPECULATE:
-            self._tokens.add(tokens_per_request)
+        self._times[mode].setdefault(batch_size, Ema(self.ema_weight)).add(round_s)
 
     def stats(self) -> dict[str, float]:
-        """For `/ssd/stats`: rounds by mode, the mode in use (1 = plain) and the measured rates
-        at batch size 1 (tokens per request per second; 0 before a measurement)."""
+        """For `/ssd/stats`: rounds by mode, the mode in use (1 = plain) and the measured round
+        times at batch size 1 (seconds; 0 before a measurement)."""
         return {
             "plain_rounds": float(self.rounds[RoundMode.PLAIN]),
             "speculative_rounds": float(self.rounds[RoundMode.SPECULATE]),
             "plain_mode": float(self.plain_now),
-            "rate_speculate_b1": self.rate(RoundMode.SPECULATE, 1) or 0.0,
-            "rate_plain_b1": self.rate(RoundMode.PLAIN, 1) or 0.0,
-            "spec_tokens_per_round": self._tokens.value or 0.0,
+            "round_s_speculate_b1": self._time(RoundMode.SPECULATE, 1) or 0.0,
+            "round_s_plain_b1": self._time(RoundMode.PLAIN, 1) or 0.0,
         }
+
+
+# Each request's L_r lives on its SGLang `Req` under this attribute (an `Ema` of tokens per
+# speculative round), so it leaves with the request.
+_REQ_ATTR = "ssd_accept_length"
+REQUEST_EMA_WEIGHT = 0.3
+MIN_REQUEST_ROUNDS = 2  # speculative rounds measured before a request's L_r counts
+
+
+def request_accept_length(req: object) -> float | None:
+    """The request's L_r, or None before `MIN_REQUEST_ROUNDS` measured speculative rounds."""
+    ema = getattr(req, _REQ_ATTR, None)
+    return ema.value if ema is not None and ema.count >= MIN_REQUEST_ROUNDS else None
+
+
+def record_request_tokens(req: object, tokens: int) -> None:
+    """Fold one speculative round's committed tokens (k + 1) into the request's L_r."""
+    ema = getattr(req, _REQ_ATTR, None)
+    if ema is None:
+        ema = Ema(REQUEST_EMA_WEIGHT)
+        setattr(req, _REQ_ATTR, ema)
+    ema.add(float(tokens))

@@ -31,7 +31,7 @@ from sglang_ssd.config import SSDConfig, TargetCapacity
 from sglang_ssd.saguaro import SamplingBatch
 from sglang_ssd.worker.draft_batch import DraftBatch
 from sglang_ssd.worker.metrics import RoundTimer, count_request_rounds
-from sglang_ssd.worker.round_mode import RoundMode
+from sglang_ssd.worker.round_mode import RoundMode, record_request_tokens, request_accept_length
 from sglang_ssd.worker.speculator_client import SpeculatorClient
 from sglang_ssd.worker.verify_step import VerifiedBatch, verify_batch, verify_tokens
 
@@ -90,6 +90,7 @@ class SSDWorker(BaseSpecWorker):
         self.plain_timer = RoundTimer()  # plain rounds (no draft, cores lent)
         self._last_decode_end: float | None = None
         self._gap_s = 0.0  # the latest scheduler time between two decode rounds
+        self._last_mode: RoundMode | None = None
 
     # ------------------------------------------------------------ SGLang plumbing
     @property
@@ -131,7 +132,6 @@ class SSDWorker(BaseSpecWorker):
     def _extend(self, batch: ScheduleBatch, on_publish: Any) -> GenerationBatchResult:
         self._last_decode_end = None  # the gap to the next decode round holds this prefill
         self.provider.prepare(batch.reqs)
-        self.provider.round_mode.note_arrival()
         with self._cores(self.provider.round_mode.plain_now):
             result = self._target_worker.forward_batch_generation(batch)
         bs = len(batch.reqs)
@@ -164,7 +164,10 @@ class SSDWorker(BaseSpecWorker):
         if self._last_decode_end is not None:
             self._gap_s = t_start - self._last_decode_end
         bs = len(batch.reqs)
-        mode = self.provider.round_mode.choose(bs, [_tokens_left(req) for req in batch.reqs])
+        mode = self.provider.round_mode.choose(
+            [_tokens_left(req) for req in batch.reqs],
+            [request_accept_length(req) for req in batch.reqs],
+        )
         plain = mode == RoundMode.PLAIN
         timer = self.plain_timer if plain else self.timer
         phases = timer.phases
@@ -201,12 +204,7 @@ class SSDWorker(BaseSpecWorker):
             predict[accept_index].view(bs, width), (0, self.width - width)
         ).flatten()
         self._last_decode_end = time.perf_counter()
-        self.provider.round_mode.observe(
-            mode,
-            bs,
-            self._last_decode_end - t_start + self._gap_s,
-            float(verified.accept_len.float().mean()) + 1.0,
-        )
+        self._measure_round(batch, mode, verified, self._last_decode_end - t_start + self._gap_s)
         return self._result(
             logits_output,
             next_token_ids=accept_tokens,
@@ -215,6 +213,20 @@ class SSDWorker(BaseSpecWorker):
             new_seq_lens=new_seq_lens,
             can_run_cuda_graph=False,
         )
+
+    def _measure_round(
+        self, batch: ScheduleBatch, mode: RoundMode, verified: VerifiedBatch, round_s: float
+    ) -> None:
+        """Round time to the `RoundModePolicy`, tokens to each request's L_r; a speculative
+        round right after plain ones is not measured (it pays the switch: a cold cache)."""
+        cold = mode == RoundMode.SPECULATE and self._last_mode == RoundMode.PLAIN
+        self._last_mode = mode
+        if cold:
+            return
+        self.provider.round_mode.observe(mode, len(batch.reqs), round_s)
+        if mode == RoundMode.SPECULATE:
+            for req, k in zip(batch.reqs, verified.accept_len.tolist(), strict=True):
+                record_request_tokens(req, k + 1)
 
     def _cores(self, plain: bool) -> contextlib.AbstractContextManager[None]:
         """A plain round's forward runs on the speculator's cores too (`cores_lent`), and so

@@ -13,86 +13,85 @@ import time
 import pytest
 
 from sglang_ssd.worker.core_lending import CoreLending
-from sglang_ssd.worker.round_mode import RoundMode, RoundModePolicy
+from sglang_ssd.worker.round_mode import (
+    RoundMode,
+    RoundModePolicy,
+    record_request_tokens,
+    request_accept_length,
+)
 from sglang_ssd.worker.speculator_client import outcome_since
 
 SPEC, PLAIN = RoundMode.SPECULATE, RoundMode.PLAIN
 
 
-def _drive(policy: RoundModePolicy, rounds: int, spec_s: float, tokens: float, plain_s: float):
-    """Run `rounds` rounds at batch size 1 with fixed round times; the modes chosen."""
+def _drive(policy: RoundModePolicy, rounds: int, spec_s: float, plain_s: float, length: float):
+    """`rounds` rounds of one request whose L_r is `length`, at fixed round times; the modes."""
     modes = []
     for _ in range(rounds):
-        mode = policy.choose(1, [100])
+        mode = policy.choose([100], [length])
         modes.append(mode)
-        if mode == SPEC:
-            policy.observe(mode, 1, spec_s, tokens)
-        else:
-            policy.observe(mode, 1, plain_s, 1.0)
+        policy.observe(mode, 1, spec_s if mode == SPEC else plain_s)
     return modes
 
 
-def test_slow_speculation_turns_plain_and_keeps_probing_with_backoff():
-    """2 tokens per 0.5 s speculating (4 tok/s) against 1 per 0.2 s plain (5 tok/s)."""
+def test_slow_speculation_turns_plain_and_probes_with_backoff():
+    """L 1.8 per 0.5 s speculating (3.6 tok/s) against 1 per 0.2 s plain (5 tok/s)."""
     policy = RoundModePolicy(backoff_min=8, backoff_max=64)
-    modes = _drive(policy, 400, spec_s=0.5, tokens=2.0, plain_s=0.2)
-    assert modes[:6] == [SPEC] * 6  # warm-up, then the first probe of plain rounds
-    assert modes[6:9] == [PLAIN] * 3
+    modes = _drive(policy, 400, spec_s=0.5, plain_s=0.2, length=1.8)
+    # Speculation first (no time measured), then plain by the prior (0.25 s), then measured.
+    assert modes[:2] == [SPEC, PLAIN]
     tail = modes[150:]
-    assert tail.count(PLAIN) > 0.85 * len(tail)
+    assert tail.count(PLAIN) > 0.9 * len(tail)
     starts = [i for i in range(1, len(tail)) if tail[i] == SPEC and tail[i - 1] == PLAIN]
     assert starts and min(b - a for a, b in itertools.pairwise(starts)) >= 64
-    assert all(tail[i : i + 8] == [SPEC] * 8 for i in starts if i + 8 <= len(tail))
+    assert all(tail[i : i + 4] == [SPEC] * 4 for i in starts if i + 4 <= len(tail))
     assert policy.rate(PLAIN, 1) == pytest.approx(5.0)
-    assert policy.rate(SPEC, 1) == pytest.approx(4.0)
-
-
-def test_fast_speculation_stays_and_a_traffic_change_is_noticed():
-    policy = RoundModePolicy(backoff_min=8, backoff_max=32)
-    modes = _drive(policy, 100, spec_s=0.5, tokens=4.0, plain_s=0.2)
-    assert modes[60:].count(SPEC) >= 0.8 * 40
-    # Chat-like traffic now: acceptance falls; a probe-free stretch of speculative rounds
-    # measures it and the policy turns plain.
-    modes = _drive(policy, 60, spec_s=0.5, tokens=1.5, plain_s=0.2)
-    assert modes[-10:] == [PLAIN] * 10
+    assert policy.rate(SPEC, 1, 1.8) == pytest.approx(3.6)
     assert policy.plain_now  # prefills now borrow the speculator's cores too
-    # A new request arrives: speculation is probed at once, and a code-like request (fast
-    # speculation) takes it back.
-    policy.note_arrival()
-    modes = _drive(policy, 12, spec_s=0.5, tokens=4.0, plain_s=0.2)
-    assert modes[:8] == [SPEC] * 8 and modes[-4:] == [SPEC] * 4 and not policy.plain_now
+
+
+def test_fast_speculation_stays_and_each_request_brings_its_accept_length():
+    policy = RoundModePolicy()
+    assert _drive(policy, 50, spec_s=0.5, plain_s=0.2, length=4.0) == [SPEC] * 50
+    # A chat-like request (L 1.5) alone: plain; with a code-like one (mean L 2.75 > 2.5): not.
+    assert policy.choose([100], [1.5]) == PLAIN
+    policy.observe(PLAIN, 1, 0.2)
+    assert policy.choose([100, 100], [1.5, 4.0]) == SPEC
+    assert policy.choose([100, 100], [1.5, None]) == SPEC  # a newcomer is measured first
+    assert not policy.plain_now
+    # Per batch size: plain rounds at b = 4 are measured apart from b = 1.
+    policy.observe(SPEC, 4, 0.6)
+    policy.observe(PLAIN, 4, 0.3)
+    assert policy.rate(SPEC, 4, 2.0) == pytest.approx(2.0 / 0.6)
+    assert policy.rate(PLAIN, 3) == pytest.approx(1 / 0.3)  # the nearest measured size
 
 
 def test_one_token_left_is_plain_and_settings_force_a_mode():
     policy = RoundModePolicy()
-    assert policy.choose(2, [1, 1]) == PLAIN
-    assert policy.choose(2, [1, 5]) == SPEC
-    assert RoundModePolicy("never").choose(1, [1]) == SPEC
-    assert RoundModePolicy("always").choose(1, [50]) == PLAIN
+    assert policy.choose([1, 1], [None, None]) == PLAIN
+    assert policy.choose([1, 5], [None, None]) == SPEC
+    assert RoundModePolicy("never").choose([1], [None]) == SPEC
+    assert RoundModePolicy("always").choose([50], [4.0]) == PLAIN
     assert RoundModePolicy("always").plain_now and not RoundModePolicy("never").plain_now
     assert not policy.plain_now  # a one-token round is plain, but not the mode in use
     with pytest.raises(ValueError, match="setting"):
         RoundModePolicy("sometimes")
-    with pytest.raises(ValueError, match="batch_size"):
-        policy.choose(0, [])
-    with pytest.raises(ValueError, match="tokens_per_request"):
-        policy.observe(SPEC, 1, 0.1, 0.5)
+    with pytest.raises(ValueError, match="one tokens_left"):
+        policy.choose([], [])
+    with pytest.raises(ValueError, match="round_s"):
+        policy.observe(SPEC, 1, 0.0)
 
 
-def test_the_rounds_after_a_switch_are_not_measured():
-    policy = RoundModePolicy()
-    policy.observe(SPEC, 1, 0.5, 3.0)  # the first round: skipped like a switch
-    policy.observe(SPEC, 1, 0.5, 3.0)
-    policy.observe(SPEC, 1, 0.5, 3.0)
-    assert policy.rate(SPEC, 1) == pytest.approx(6.0)
-    policy.observe(PLAIN, 1, 9.0, 1.0)  # pays the switch: skipped
-    assert policy.rate(PLAIN, 1) is None
-    policy.observe(PLAIN, 1, 0.25, 1.0)
-    assert policy.rate(PLAIN, 1) == pytest.approx(4.0)
-    assert policy.rate(PLAIN, 4) == pytest.approx(4.0)  # the nearest measured batch size
-    policy.observe(SPEC, 1, 5.0, 1.0)  # a cold cache after plain rounds: two skipped
-    policy.observe(SPEC, 1, 5.0, 1.0)
-    assert policy.rate(SPEC, 1) == pytest.approx(6.0)
+def test_request_accept_length_needs_two_rounds_and_follows_recent_ones():
+    class Req:
+        pass
+
+    req = Req()
+    assert request_accept_length(req) is None
+    record_request_tokens(req, 5)
+    assert request_accept_length(req) is None
+    record_request_tokens(req, 1)
+    assert request_accept_length(req) == pytest.approx(0.7 * 5 + 0.3 * 1)
 
 
 def test_outcome_since_carries_plain_round_tokens_as_extra():
