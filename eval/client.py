@@ -36,6 +36,7 @@ META_KEYS = (
     "spec_num_proposed_drafts",
     "spec_correct_drafts_histogram",
     "ssd_rounds",
+    "ssd_plain_rounds",
     "ssd_cache_hit_rate",
     "ssd_backup_rounds",
 )

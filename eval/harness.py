@@ -148,7 +148,12 @@ def _resume_into(results: dict[str, Any], previous: Mapping[str, Any]) -> None:
     def comparable(settings: Mapping[str, Any]) -> dict[str, Any]:
         # How servers are kept and how long to wait for quiet don't change what is measured.
         loose = ("concurrent_servers", "parallel_start", "quiet_threshold", "quiet_max_wait_s")
-        return {k: v for k, v in settings.items() if k not in loose}
+        out = {k: v for k, v in settings.items() if k not in loose}
+        # Files written before stop strings and unit sizes existed had neither: the defaults.
+        out["sampling"] = {"stop": []} | dict(out.get("sampling", {}))
+        out["sampling"]["stop"] = list(out["sampling"]["stop"])
+        out["unit_sizes"] = list(out.get("unit_sizes", []))
+        return out
 
     checks = {
         "schema": (previous.get("schema"), results["schema"]),

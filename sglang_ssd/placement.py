@@ -48,7 +48,7 @@ def place(config: SSDConfig, target_device: str) -> Placement:
             index = torch.cuda.current_device() + 1
             device = f"cuda:{index}" if index < torch.cuda.device_count() else target_device
         return Placement(device=device, cpus=None)
-    target_cpus, draft_cpus = split_cpus(config.draft_cpus)
+    target_cpus, draft_cpus = split_cpus(config.draft_cpus, take_turns=config.mode == "sync")
     pin_process(target_cpus)
     logger.info("SSD: target pinned to CPUs %s, speculator to %s", target_cpus, draft_cpus)
     return Placement(
@@ -94,24 +94,30 @@ def _thread_ids() -> list[int]:
         return [0]
 
 
-def split_cpus(draft_cpus: Iterable[int] | None) -> tuple[list[int], list[int]]:
+def split_cpus(
+    draft_cpus: Iterable[int] | None, take_turns: bool = False
+) -> tuple[list[int], list[int]]:
     """(target cpus, draft cpus): `draft_cpus` if given, else the last available core.
 
     With a single available core both share it (the synchronous baseline on one core, where
-    target and draft never run at the same time).
+    target and draft never run at the same time). With `take_turns` (`--ssd-mode sync`, where
+    they never do), `draft_cpus` naming every available core gives both every core (SYNC-2c).
 
     Raises:
-        ValueError: when the draft would take every core of several, or names cores outside
-            the available set.
+        ValueError: when the draft would take every core of several (unless they take turns),
+            or names cores outside the available set.
     """
     cpus = available_cpus()
     if draft_cpus is None and len(cpus) == 1:
+        return cpus, cpus
+    if take_turns and draft_cpus is not None and sorted(set(draft_cpus)) == cpus:
         return cpus, cpus
     draft = sorted(set(draft_cpus)) if draft_cpus is not None else cpus[-1:]
     target = [c for c in cpus if c not in draft]
     if not target or not set(draft) <= set(cpus):
         raise ValueError(
             f"SSD on CPU needs disjoint cores for target and speculator: available {cpus}, "
-            f"speculator {draft} (set --ssd-draft-cpus)"
+            f"speculator {draft} (set --ssd-draft-cpus; only --ssd-mode sync may give both "
+            "every core)"
         )
     return target, draft

@@ -22,6 +22,18 @@ def test_single_core_is_shared(monkeypatch):
     assert placement.split_cpus(None) == ([0], [0])
 
 
+def test_sync_mode_may_give_both_every_core(monkeypatch):
+    """SYNC-2c: target and speculator take turns on all cores; SSD's async mode may not."""
+    monkeypatch.setattr(placement, "available_cpus", lambda: [0, 1])
+    assert placement.split_cpus([0, 1], take_turns=True) == ([0, 1], [0, 1])
+    assert placement.split_cpus([1], take_turns=True) == ([0], [1])
+    with pytest.raises(ValueError, match="only --ssd-mode sync"):
+        placement.split_cpus([0, 1])
+    monkeypatch.setattr(placement, "pin_process", lambda cpus: list(cpus))
+    shared = placement.place(SSDConfig(mode="sync", draft_cpus=(0, 1)), "cpu")
+    assert shared == placement.Placement("cpu", (0, 1), (0, 1))
+
+
 @pytest.mark.parametrize("draft", [[0, 1], [5]])
 def test_bad_splits_are_refused(monkeypatch, draft):
     monkeypatch.setattr(placement, "available_cpus", lambda: [0, 1])

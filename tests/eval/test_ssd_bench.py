@@ -64,13 +64,15 @@ def test_prediction_is_the_speedup_model() -> None:
 def test_bench_configs_arrangements() -> None:
     cfgs = ssd_bench.bench_configs("T", "D")
     names = [c.name for c in cfgs]
-    assert names == ["AR-1c", "STANDALONE-1c", "SYNC-1c", "AR-2c", "STANDALONE-2c", "SYNC-1+1c",
+    assert names == ["AR-1c", "STANDALONE-1c", "SYNC-1c", "AR-2c", "STANDALONE-2c", "SYNC-2c",
                      "SSD-1+1c"]  # fmt: skip
     by = {c.name: c for c in cfgs}
     assert by["AR-1c"].cpus == (0,) and by["STANDALONE-2c"].cpus == (0, 1)
     assert flag_value(by["SSD-1+1c"].args, "--ssd-draft-cpus") == "1"
     assert flag_value(by["SYNC-1c"].args, "--ssd-mode") == "sync"
     assert flag_value(by["SYNC-1c"].args, "--ssd-draft-cpus") is None  # shares core 0
+    assert flag_value(by["SYNC-2c"].args, "--ssd-draft-cpus") == "0,1"  # both cores, in turn
+    assert ssd_bench.setting_kind(4, True) == "b4-greedy"
     assert {c.lookahead for c in cfgs if c.algorithm != "NONE"} == {4}
     assert [c.name for c in ssd_bench.bench_configs("T", "D", ["paper"])][-1] == "SSD-1+1c"
     with pytest.raises(ValueError):
@@ -101,5 +103,6 @@ def test_live_ssd_batches_carry_counters_and_a_prediction(tiny_bench: dict[str, 
     m = tiny_bench["summary"]["configs"]["SSD-1+1c"]["ssd"]
     assert 0.0 <= m["p_hit"] <= 1.0 and m["target_s"] > 0
     (row,) = [r for r in ssd_bench.comparisons(tiny_bench) if r["baseline"] == "AR-2c"]
-    assert row["speedup"] > 0 and row["predicted"] is not None and row["aim"] is None
+    assert row["speedup"] > 0 and row["predicted"] is not None
+    assert row["aim"] == 1.6 and row["met"] in (True, False)  # greedy, batch 1: the aim
     assert "SSD-1+1c" in ssd_bench.format_comparisons([row])

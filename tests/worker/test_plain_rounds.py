@@ -36,7 +36,7 @@ def _drive(policy: RoundModePolicy, rounds: int, spec_s: float, plain_s: float, 
 
 def test_slow_speculation_turns_plain_and_probes_with_backoff():
     """L 1.8 per 0.5 s speculating (3.6 tok/s) against 1 per 0.2 s plain (5 tok/s)."""
-    policy = RoundModePolicy(backoff_min=8, backoff_max=64)
+    policy = RoundModePolicy(backoff_min=8, backoff_max=64, margin=1.05)
     modes = _drive(policy, 400, spec_s=0.5, plain_s=0.2, length=1.8)
     # Speculation first (no time measured), then plain by the prior (0.25 s), then measured.
     assert modes[:2] == [SPEC, PLAIN]
@@ -51,7 +51,7 @@ def test_slow_speculation_turns_plain_and_probes_with_backoff():
 
 
 def test_fast_speculation_stays_and_each_request_brings_its_accept_length():
-    policy = RoundModePolicy()
+    policy = RoundModePolicy(margin=1.05)
     assert _drive(policy, 50, spec_s=0.5, plain_s=0.2, length=4.0) == [SPEC] * 50
     # A chat-like request (L 1.5) alone: plain; with a code-like one (mean L 2.75 > 2.5): not.
     assert policy.choose([100], [1.5]) == PLAIN
@@ -64,6 +64,14 @@ def test_fast_speculation_stays_and_each_request_brings_its_accept_length():
     policy.observe(PLAIN, 4, 0.3)
     assert policy.rate(SPEC, 4, 2.0) == pytest.approx(2.0 / 0.6)
     assert policy.rate(PLAIN, 3) == pytest.approx(1 / 0.3)  # the nearest measured size
+
+
+def test_the_default_margin_keeps_speculating_when_plain_is_only_a_little_faster():
+    policy = RoundModePolicy()
+    _drive(policy, 3, spec_s=0.5, plain_s=0.2, length=2.2)
+    policy.observe(PLAIN, 1, 0.2)  # plain measured: 5 tok/s against 4.4
+    assert policy.choose([100], [2.2]) == SPEC
+    assert policy.choose([100], [1.5]) == PLAIN  # 5 against 3: worth a switch
 
 
 def test_one_token_left_is_plain_and_settings_force_a_mode():
