@@ -286,13 +286,14 @@ class SSDConfig:
         ),
     )
     plain_rounds: PlainRounds = field(
-        default="auto",
+        default="never",
         metadata=flag(
             "Decode rounds without speculation: one target token per request while the "
             "speculator is stopped and its CPU cores are lent to the target. auto: when the "
             "measured plain round beats the batch's own accept length over the measured "
             "speculative round (speculation re-probed now and then), and when no request has "
-            "more than one token left; never; always.",
+            "more than one token left (experimental: on the 2-core CPU it measured slower than "
+            "never); never (default); always.",
             choices=PLAIN_ROUNDS,
             live=True,
         ),

@@ -220,7 +220,7 @@ class RoundModePolicy:
 # speculative round), so it leaves with the request.
 _REQ_ATTR = "ssd_accept_length"
 REQUEST_EMA_WEIGHT = 0.3
-MIN_REQUEST_ROUNDS = 2  # speculative rounds measured before a request's L_r counts
+MIN_REQUEST_ROUNDS = 8  # speculative rounds measured before a request's L_r counts
 
 
 def request_accept_length(req: object) -> float | None:

@@ -130,7 +130,7 @@ def test_plain_rounds_switched_mid_request_keep_greedy_output(servers):
     prompt, n = PROMPTS[1], 150
     expected = _generate(servers["ar"], prompt, n, temperature=0, ignore_eos=True)
     faults = requests.get(f"{url}/ssd/stats", timeout=60).json()["faults"]
-    settings = itertools.cycle(["always", "never"])
+    settings = itertools.cycle(["always", "never", "auto"])
     try:
         with cf.ThreadPoolExecutor(1) as pool:
             run = pool.submit(_generate, servers["ssd"], prompt, n, temperature=0, ignore_eos=True)
@@ -140,7 +140,7 @@ def test_plain_rounds_switched_mid_request_keep_greedy_output(servers):
                 time.sleep(0.05)
             got = run.result()
     finally:
-        requests.post(f"{url}/ssd/config", json={"plain_rounds": "auto"}, timeout=60)
+        requests.post(f"{url}/ssd/config", json={"plain_rounds": "never"}, timeout=60)
     assert got["output_ids"] == expected["output_ids"]
     meta = got["meta_info"]
     assert 0 < meta["ssd_plain_rounds"] < meta["ssd_rounds"]

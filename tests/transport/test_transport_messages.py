@@ -150,7 +150,7 @@ def test_live_settings_are_the_live_fields_of_ssd_config() -> None:
         "fanout": "geometric",
         "beta": 0.25,
         "backup": "auto",
-        "plain_rounds": "auto",
+        "plain_rounds": "never",
     }
     assert m.LiveSettings(fanout="uniform").given() == {"fanout": "uniform"}
     with pytest.raises(ValueError, match="--ssd-beta must be in"):

@@ -14,6 +14,7 @@ import pytest
 
 from sglang_ssd.worker.core_lending import CoreLending
 from sglang_ssd.worker.round_mode import (
+    MIN_REQUEST_ROUNDS,
     RoundMode,
     RoundModePolicy,
     record_request_tokens,
@@ -90,13 +91,14 @@ def test_one_token_left_is_plain_and_settings_force_a_mode():
         policy.observe(SPEC, 1, 0.0)
 
 
-def test_request_accept_length_needs_two_rounds_and_follows_recent_ones():
+def test_request_accept_length_needs_some_rounds_and_follows_recent_ones():
     class Req:
         pass
 
     req = Req()
     assert request_accept_length(req) is None
-    record_request_tokens(req, 5)
+    for _ in range(MIN_REQUEST_ROUNDS - 1):
+        record_request_tokens(req, 5)
     assert request_accept_length(req) is None
     record_request_tokens(req, 1)
     assert request_accept_length(req) == pytest.approx(0.7 * 5 + 0.3 * 1)
