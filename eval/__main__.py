@@ -53,7 +53,7 @@ def _target_and_draft_cpus(a: argparse.Namespace) -> tuple[int, int]:
 
 
 def _add_run_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dataset", choices=datasets.DATASETS, default=datasets.HUMANEVAL)
+    p.add_argument("--dataset", choices=datasets.CHOICES, default=datasets.HUMANEVAL)
     p.add_argument("--prompts", type=int, default=10, help="first N prompts of the set")
     p.add_argument("--prompt-ids", nargs="*", default=(), help="explicit prompt ids instead")
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -134,7 +134,11 @@ def _run(
     settings = _settings(a)
     if mixed_shape is None:
         prompts = datasets.load_prompts(a.dataset, tokenizer, a.prompts, a.prompt_ids)
-        dataset = {"dataset": a.dataset, "dataset_source": datasets.source_info(a.dataset)}
+        sources = {d: datasets.source_info(d) for d in datasets.sets_of(a.dataset)}
+        dataset = {
+            "dataset": a.dataset,
+            "dataset_source": sources.popitem()[1] if len(sources) == 1 else sources,
+        }
     else:
         prompts, sizes = mixed.load_mixed(tokenizer, mixed_shape)
         settings = dataclasses.replace(settings, unit_sizes=sizes)
@@ -194,6 +198,12 @@ def cmd_ssd(a: argparse.Namespace) -> int:
         draft_cpu=draft_cpu,
         ssd_extra=a.ssd_args.split(),
     )
+    if a.only:
+        by_name = {c.name: c for c in configs}
+        unknown = [n for n in a.only if n not in by_name]
+        if unknown:
+            raise SystemExit(f"--only: unknown configuration(s) {unknown}; known: {list(by_name)}")
+        configs = [by_name[n] for n in a.only]
     name = f"ssd-bench-{a.arrangement}-b{a.batch_size}-{Sampling.of(a.temperature).name}"
     results, out = _run(a, configs, a.tokenizer or Path(target), name)
     rows = ssd_bench.comparisons(results)
@@ -350,6 +360,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--lookahead", "--gamma", type=int, default=4, help="γ for every config")
     p.add_argument("--ssd-args", default="", help="extra --ssd-* flags for the SSD servers")
+    p.add_argument(
+        "--only",
+        type=lambda s: [n.strip() for n in s.split(",") if n.strip()],
+        default=[],
+        metavar="NAMES",
+        help="comma-separated configurations to run, in this order (the first is the reference), "
+        "e.g. AR-2c,SYNC-2c,SSD-1+1c",
+    )
     p.add_argument("--target", type=Path, help="target model folder (default: the pulled 1.5B)")
     p.add_argument("--draft", type=Path, help="draft model folder (default: the pulled 0.5B)")
     p.set_defaults(func=cmd_ssd, prompts=5, max_new_tokens=64, repeats=2)

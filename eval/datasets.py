@@ -26,6 +26,9 @@ from eval.sampling import Sampling
 HUMANEVAL = "humaneval"
 MTBENCH = "mtbench"
 DATASETS: tuple[str, ...] = (HUMANEVAL, MTBENCH)
+# Both sets, alternating (HumanEval first): the main table's prompt mix (issue 12, item 8).
+BOTH = "both"
+CHOICES: tuple[str, ...] = (*DATASETS, BOTH)
 
 # (import package, distribution, path inside the import package)
 _SOURCES: dict[str, tuple[str, str, str]] = {
@@ -165,5 +168,24 @@ def load_prompts(
     n: int | None = None,
     ids: Sequence[str] = (),
 ) -> list[Prompt]:
-    """Chat-templated prompts of `dataset` (see `select` for `n` and `ids`)."""
-    return [apply_template(tokenizer, r) for r in select(load_records(dataset), n, ids)]
+    """Chat-templated prompts of `dataset` (see `select` for `n` and `ids`).
+
+    With `BOTH`, the first ceil(n/2) HumanEval and floor(n/2) MT-Bench prompts, alternating
+    (all of both when `n` is None); `ids` may name prompts of either set.
+    """
+    if dataset != BOTH:
+        return [apply_template(tokenizer, r) for r in select(load_records(dataset), n, ids)]
+    he, mt = load_records(HUMANEVAL), load_records(MTBENCH)
+    if ids:
+        return [apply_template(tokenizer, r) for r in select(he + mt, None, ids)]
+    if n is not None:
+        if not 0 < n <= 2 * min(len(he), len(mt)):
+            raise DatasetError(f"asked for {n} prompts of both sets, at most {2 * len(mt)}")
+        he, mt = he[: (n + 1) // 2], mt[: n // 2]
+    mixed = [r for pair in zip(he, mt, strict=False) for r in pair] + he[len(mt) :]
+    return [apply_template(tokenizer, r) for r in mixed]
+
+
+def sets_of(dataset: str) -> tuple[str, ...]:
+    """The prompt sets `dataset` draws from (`BOTH`: HumanEval and MT-Bench)."""
+    return DATASETS if dataset == BOTH else (dataset,)
