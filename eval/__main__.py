@@ -16,6 +16,8 @@ Subcommands:
   report    the figures plus eval/results/report[-quick].md with the tables.
   all       the main comparison (AR, STANDALONE, sync, SSD on HumanEval and MT-Bench), every
             sweep, then figures and report; resumes an interrupted run unless --fresh.
+  model     the speedup model, from one run's component timings, against other runs' measured
+            speedups at the same batch size (eval.model_check; eval/results/model-check.json).
   margin    ε of the greedy rule: decode vs TARGET_VERIFY argmax, teacher-forced, on the real
             pair (eval.margin; eval/results/margin-eps.json, resumable).
 """
@@ -32,7 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from eval import configs as presets
-from eval import datasets, figures, mixed, report, ssd_bench, sweep
+from eval import datasets, figures, mixed, model_check, report, ssd_bench, sweep
 from eval.configs import Config
 from eval.harness import RunSettings, run_interleaved
 from eval.margin import cli as margin
@@ -306,6 +308,39 @@ def cmd_sweep(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_model(a: argparse.Namespace) -> int:
+    by_batch = {}
+    for path in a.components:
+        results = json.loads(path.read_text())
+        name = a.components_config or _first_async_ssd(results)
+        comp = model_check.components(results, name, a.ar)
+        by_batch[comp.batch_size] = {"file": str(path), "config": name, "components": comp}
+    out: dict[str, list] = {"checks": []}
+    for path in a.target:
+        results = json.loads(path.read_text())
+        batch = int(results["settings"]["batch_size"])
+        if batch not in by_batch:
+            raise SystemExit(f"{path}: batch {batch}, no components at that batch size")
+        source = by_batch[batch]
+        rows = model_check.check(source["components"], results, a.ar)
+        print(f"\n{path} from {source['file']} ({source['config']}):")
+        print(model_check.report(source["components"], rows))
+        components = dataclasses.asdict(source["components"])
+        out["checks"].append(
+            {"target": str(path), **source, "components": components, "rows": rows}
+        )
+    a.out.write_text(json.dumps(out, indent=1) + "\n")
+    print(f"\nwrote {a.out}")
+    return 0
+
+
+def _first_async_ssd(results: dict) -> str:
+    for c in map(Config.from_dict, results["configs"]):
+        if c.algorithm == "SSD" and c.ssd_mode == "async":
+            return c.name
+    raise SystemExit("no SSD configuration in the components file")
+
+
 def cmd_figures(a: argparse.Namespace) -> int:
     drawn = figures.make_all(a.results_dir, a.quick)
     for f in drawn:
@@ -418,6 +453,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     _add_experiment_options(p)
     p.add_argument("--fresh", action="store_true", help="discard earlier results, start over")
     p.set_defaults(func=cmd_all)
+
+    p = sub.add_parser("model", help="the speedup model's predictions against measured runs")
+    p.add_argument(
+        "--components", type=Path, nargs="+", required=True,
+        help="results files whose SSD counters give the components (one per batch size)",
+    )  # fmt: skip
+    p.add_argument(
+        "--components-config", help="SSD configuration of those files (default: the first)"
+    )
+    p.add_argument(
+        "--target", type=Path, nargs="+", required=True,
+        help="results files whose SSD rows the model predicts (matched by batch size)",
+    )  # fmt: skip
+    p.add_argument("--ar", default="AR-2c", help="the AR configuration speedups refer to")
+    p.add_argument("--out", type=Path, default=RESULTS / "model-check.json")
+    p.set_defaults(func=cmd_model)
 
     p = sub.add_parser("margin", help="measure ε of the greedy rule on the real pair")
     margin.add_arguments(p)

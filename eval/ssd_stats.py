@@ -19,6 +19,11 @@ from sglang_ssd.saguaro import alpha_from_accept_length, expected_speedup
 
 CACHE = "cache"
 TIMEOUT_S = 30.0
+# The speculator's cumulative counters kept as ``speculator_<name>`` for the speedup model's
+# components (`eval.model_check`): outcomes and hits by fan-out F, builds by depth D, seconds by
+# phase, draft forwards.
+SPECULATOR_COUNTER_PREFIXES = ("fanout_outcomes_", "fanout_hits_", "builds_at_depth_", "phase_s_")
+SPECULATOR_COUNTERS = ("draft_forwards", "build_draft_forwards", "drafts_received")
 
 
 def fetch(url: str) -> dict[str, Any] | None:
@@ -63,6 +68,9 @@ def totals(stats: Mapping[str, Any]) -> dict[str, float]:
         "speculator_backup_s": float(spec.get("backup_s", 0.0)),
         "speculator_send_s": float(spec.get("send_s", 0.0)),
     }
+    for name, value in spec.items():
+        if name.startswith(SPECULATOR_COUNTER_PREFIXES) or name in SPECULATOR_COUNTERS:
+            out[f"speculator_{name}"] = float(value)
     for source, n in (stats.get("rounds_by_source") or {}).items():
         out[f"rounds_{source}"] = float(n)
     for source, n in (stats.get("accepted_by_source") or {}).items():

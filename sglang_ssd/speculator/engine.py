@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -87,6 +88,11 @@ class SpeculatorEngine:
         # the next Step, first rounds after prefill included.
         self.build_depth = 0
         self.build_forwards = 0  # draft forwards of pre-speculation builds (the server resets)
+        # Since start, for the speedup model's components (`eval.model_check`): outcomes that
+        # had F_k cached branches at their k, those that hit, and builds by tree depth D.
+        self.fanout_outcomes: Counter[int] = Counter()
+        self.fanout_hits: Counter[int] = Counter()
+        self.builds_by_depth: Counter[int] = Counter()
 
     @property
     def phases(self) -> PhaseTimer:
@@ -154,7 +160,9 @@ class SpeculatorEngine:
         hit-model exponent r, the rounds the KV pool or a pending prefill degraded
         (`kv_exhausted` = drafts + builds), the ids the draft samples from
         (`draft_vocab_size`, `--ssd-draft-vocab`) and the D of the latest build
-        (`build_tree_depth`)."""
+        (`build_tree_depth`), and since start the outcomes that had F cached branches at their
+        accept length and those that hit (`fanout_outcomes_F`, `fanout_hits_F`) and the builds
+        by tree depth (`builds_at_depth_D`)."""
         out = {f"cache_{k}": float(v) for k, v in self.cache.stats.items()}
         out["kv_slots_used"] = float(self.num_used_slots())
         out["kv_slots_total"] = float(self.model.kv_pool.num_slots)
@@ -169,6 +177,12 @@ class SpeculatorEngine:
         vocab = self.model.vocab
         out["draft_vocab_size"] = float(vocab.size if vocab is not None else self.vocab_size)
         out["build_tree_depth"] = float(self.last_build_depth)
+        for name, counts in (
+            ("fanout_outcomes", self.fanout_outcomes),
+            ("fanout_hits", self.fanout_hits),
+            ("builds_at_depth", self.builds_by_depth),
+        ):
+            out.update({f"{name}_{k}": float(v) for k, v in sorted(counts.items())})
         return out
 
     # ---------------------------------------------------------------- outcomes
@@ -223,7 +237,10 @@ class SpeculatorEngine:
         found = self.cache.lookup([state.rid], [k], [bonus])
         row = int(found.rows[0])
         hit = row >= 0 and keep == n_old + k
-        self.live.observe_hit(branches.ks.count(k), hit)
+        fanout = branches.ks.count(k)
+        self.live.observe_hit(fanout, hit)
+        self.fanout_outcomes[fanout] += 1
+        self.fanout_hits[fanout] += hit
         if hit:
             state.slots = torch.cat([state.slots, branches.slots[row]])
             others = torch.ones(branches.slots.shape[0], dtype=torch.bool)
@@ -437,3 +454,4 @@ class SpeculatorEngine:
             prespeculate(self.model, self.cache, states, plan, self.config.beta, depth)
             self.build_forwards += self.model.forward_count - before
             self.last_build_depth = depth
+            self.builds_by_depth[depth] += 1

@@ -115,6 +115,9 @@ class SpeculatorClient:
         # The speculator's seconds by phase, summed over the Drafts it sent (`/ssd/stats`).
         self.speculator_phases = PhaseTimer()
         self.drafts_received = 0
+        # Draft forwards since start, in all and of pre-speculation builds (speedup model).
+        self.draft_forwards = 0
+        self.build_draft_forwards = 0
         self._lock = threading.Lock()
         placement = place(config, target_device)
         self.lending = CoreLending(placement.target_cpus, placement.cpus or ())
@@ -304,6 +307,8 @@ class SpeculatorClient:
         self.last_timing = {"build_s": timing.build_s, "backup_s": timing.backup_s}
         self.speculator_phases.merge(timing.phases)
         self.drafts_received += 1
+        self.draft_forwards += timing.forwards
+        self.build_draft_forwards += timing.build_forwards
         self.last_sources = {req.rid: s for req, s in zip(reqs, sources, strict=True)}
         self.last_depths = {req.rid: int(d) for req, d in zip(reqs, depth.tolist(), strict=True)}
         return DraftBatch(tokens=tokens, depth=depth, q=dense_q, has_q=has_q, sources=sources)
@@ -417,8 +422,9 @@ class SpeculatorClient:
     def stats(self) -> dict[str, float]:
         """The speculator's counters (its open requests, KV slots used and total, rounds the
         pool degraded: `kv_exhausted`, ...) plus the client's: faults, restarts, the requests it
-        tracks (`target_opened`, `target_pending`, `target_tracked`) and the pool size it chose
-        (`draft_kv_tokens`)."""
+        tracks (`target_opened`, `target_pending`, `target_tracked`), the pool size it chose
+        (`draft_kv_tokens`) and, since start, the drafts received, the draft forwards in all and
+        of builds, and the speculator's seconds by phase (`phase_s_<phase>`)."""
         out: dict[str, float] = {}
         with self._lock:
             if self._usable():
@@ -442,7 +448,12 @@ class SpeculatorClient:
                 target_pending=len(self.pending),
                 target_tracked=len(self.last_seen),
                 draft_kv_tokens=float(self.config.draft_kv_tokens or 0),
+                drafts_received=float(self.drafts_received),
+                draft_forwards=float(self.draft_forwards),
+                build_draft_forwards=float(self.build_draft_forwards),
             )
+            phases = dict(self.speculator_phases.seconds)
+            out.update({f"phase_s_{k}": v for k, v in sorted(phases.items())})
             out.update(self.tuner.stats(), tree_depth=float(self.tree_depth))
             out.update(self.round_mode.stats(), cores_lent=float(self.lending.lends))
             if self.process is not None:

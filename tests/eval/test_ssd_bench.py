@@ -100,6 +100,15 @@ def test_live_ssd_batches_carry_counters_and_a_prediction(tiny_bench: dict[str, 
     assert len(ssd_batches) == 2
     assert all(b["ssd"]["rounds"] > 0 for b in ssd_batches)
     assert not any("ssd" in b for b in tiny_bench["batches"] if b["config"] == "AR-2c")
+    # The speculator's cumulative counters behind the speedup model's components.
+    total = ssd_stats.add(b["ssd"] for b in ssd_batches)
+    outcomes = sum(v for k, v in total.items() if k.startswith("speculator_fanout_outcomes_"))
+    hits = sum(v for k, v in total.items() if k.startswith("speculator_fanout_hits_"))
+    builds = sum(v for k, v in total.items() if k.startswith("speculator_builds_at_depth_"))
+    assert 0 < outcomes <= total["request_rounds"] and 0 <= hits <= outcomes
+    assert builds > 0 and total["speculator_build_draft_forwards"] >= 2 * builds
+    assert total["speculator_draft_forwards"] >= total["speculator_build_draft_forwards"]
+    assert total["speculator_phase_s_glue"] > 0 and total["speculator_drafts_received"] > 0
     m = tiny_bench["summary"]["configs"]["SSD-1+1c"]["ssd"]
     assert 0.0 <= m["p_hit"] <= 1.0 and m["target_s"] > 0
     (row,) = [r for r in ssd_bench.comparisons(tiny_bench) if r["baseline"] == "AR-2c"]
