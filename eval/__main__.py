@@ -313,7 +313,10 @@ def cmd_model(a: argparse.Namespace) -> int:
     for path in a.components:
         results = json.loads(path.read_text())
         name = a.components_config or _first_async_ssd(results)
-        comp = model_check.components(results, name, a.ar)
+        try:
+            comp = model_check.components(results, name, a.ar)
+        except ValueError as exc:
+            raise SystemExit(f"{path}: {exc}") from exc
         by_batch[comp.batch_size] = {"file": str(path), "config": name, "components": comp}
     out: dict[str, list] = {"checks": []}
     for path in a.target:
@@ -322,7 +325,10 @@ def cmd_model(a: argparse.Namespace) -> int:
         if batch not in by_batch:
             raise SystemExit(f"{path}: batch {batch}, no components at that batch size")
         source = by_batch[batch]
-        rows = model_check.check(source["components"], results, a.ar)
+        try:
+            rows = model_check.check(source["components"], results, a.ar)
+        except ValueError as exc:
+            raise SystemExit(f"{path}: {exc}") from exc
         print(f"\n{path} from {source['file']} ({source['config']}):")
         print(model_check.report(source["components"], rows))
         components = dataclasses.asdict(source["components"])
@@ -466,8 +472,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--target", type=Path, nargs="+", required=True,
         help="results files whose SSD rows the model predicts (matched by batch size)",
     )  # fmt: skip
-    p.add_argument("--ar", default="AR-2c", help="the AR configuration speedups refer to")
-    p.add_argument("--out", type=Path, default=RESULTS / "model-check.json")
+    p.add_argument(
+        "--ar", default="AR-2c", help="the AR configuration speedups refer to (default: AR-2c)"
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=RESULTS / "model-check.json",
+        help="results JSON (default: eval/results/model-check.json, overwritten)",
+    )
     p.set_defaults(func=cmd_model)
 
     p = sub.add_parser("margin", help="measure ε of the greedy rule on the real pair")

@@ -29,14 +29,16 @@ A self-tuned D' is the depth the model rates fastest (what `DepthTuner` aims at)
 model leaves out: the verify's width (D' + 1 rows per request) and a tree's width (B' branches
 per forward) change T_v and t_forward a little on a CPU; both are taken as measured.
 
-`python -m eval model --components C.json --target T.json` predicts every SSD row of T from
-C's components at the same batch size and prints predicted vs measured speedup over AR.
+`python -m eval model --components C.json --target T.json` predicts every async SSD row of T
+(sync rows are skipped) from C's components at the same batch size and temperature, and prints
+the predicted speedup over AR against T's measured one (each run against its own AR), and the
+predicted tok/s (speedup × C's AR) against T's measured tok/s.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from eval import ssd_stats
@@ -72,6 +74,7 @@ class Components:
         alpha, alpha_miss: per-token acceptance of hits and of backup drafts.
         hit_c, hit_r: the hit model's c and r. coverage: request-rounds with branches.
         t_backup: backup latency per miss round, seconds. p_hit: the run's measured hit rate.
+        temperature: the run's sampling temperature (0: greedy); α depends on it.
     """
 
     batch_size: int
@@ -89,6 +92,7 @@ class Components:
     coverage: float
     t_backup: float
     p_hit: float
+    temperature: float = 0.0
 
     def build_time(self, depth: int) -> float:
         """T_p(D) = t_fixed + (1 + D) t_forward, seconds."""
@@ -142,7 +146,10 @@ def components(results: Mapping[str, Any], ssd: str, ar: str = "AR-2c") -> Compo
     build_forwards = total.get(f"{SPEC}build_draft_forwards", 0.0)
     steps = total.get("speculator_steps", 0.0)
     if not builds or not outcomes or build_forwards <= 0 or steps <= 0 or m.get("p_hit") is None:
-        raise ValueError(f"{ssd!r}: no build counters in its batches (server too old?)")
+        raise ValueError(
+            f"{ssd!r} has no build counters in its batches: use a run made with the "
+            "speculator's fan-out and build counters (sglang-ssd after issue 12, item 7)"
+        )
     depth = max(builds, key=lambda d: builds[d])
     phase = {k[len(f"{SPEC}phase_s_") :]: v for k, v in total.items() if "phase_s_" in k}
     body = phase.get("glue", 0.0) + sum(v for k, v in phase.items() if k.startswith("tree_"))
@@ -169,6 +176,7 @@ def components(results: Mapping[str, Any], ssd: str, ar: str = "AR-2c") -> Compo
         coverage=min(sum(outcomes.values()) / total["request_rounds"], 1.0),
         t_backup=float(m.get("t_backup") or 0.0) * target_s,
         p_hit=float(m["p_hit"]),
+        temperature=_temperature(results),
     )
 
 
@@ -215,17 +223,25 @@ def _speedup(comp: Components, budget: int, depth: int) -> tuple[float, float, f
 
 
 def check(comp: Components, target: Mapping[str, Any], ar: str = "AR-2c") -> list[dict[str, Any]]:
-    """Each SSD configuration of `target` (same batch size as `comp`): its B and D (from its
-    flags; D None when self-tuned), the prediction, the measured speedup over `ar` and the
-    error predicted / measured - 1, ``within`` whether |error| <= `AIM`.
+    """Each async SSD configuration of `target` (same batch size and temperature as `comp`):
+    its B and D (from its flags; D None when self-tuned), the prediction, the measured speedup
+    over `target`'s own `ar` and the error predicted / measured - 1 (``within``: |error| <=
+    `AIM`); also the predicted tok/s (speedup × the components' AR, ``predicted_tok_per_s``)
+    against the measured one (``tok_per_s_error``), which carries the drift between the runs.
 
     Raises:
-        ValueError: when the batch sizes differ or `ar` is missing from `target`.
+        ValueError: when the batch sizes or temperatures differ, or `ar` is missing from
+            `target`.
     """
     if int(target["settings"]["batch_size"]) != comp.batch_size:
         raise ValueError(
             f"components at batch {comp.batch_size}, target run at "
             f"{target['settings']['batch_size']}: the model needs components at the same b"
+        )
+    if _temperature(target) != comp.temperature:
+        raise ValueError(
+            f"components at T = {comp.temperature}, target run at T = {_temperature(target)}: "
+            "acceptance depends on the temperature"
         )
     summary = target["summary"]["configs"]
     if ar not in summary:
@@ -239,28 +255,42 @@ def check(comp: Components, target: Mapping[str, Any], ar: str = "AR-2c") -> lis
         row = predict(comp, _budget(config), _depth(config))
         error = row["speedup"] / measured - 1
         row.update(config=name, measured=measured, error=error, within=abs(error) <= AIM)
+        tok_s = row["speedup"] * comp.batch_size / comp.t_ar
+        row.update(
+            predicted_tok_per_s=tok_s,
+            measured_tok_per_s=summary[name]["tok_per_s"],
+            tok_per_s_error=tok_s / summary[name]["tok_per_s"] - 1,
+        )
         rows.append(row)
     return rows
 
 
 def report(comp: Components, rows: Sequence[Mapping[str, Any]]) -> str:
-    """Plain text: the components, then predicted vs measured per row."""
-    c = asdict(comp)
+    """Plain text: the components (seconds), then predicted vs measured per row."""
     lines = [
-        f"components at b={comp.batch_size}, B={comp.budget}, D={comp.depth}: "
-        + ", ".join(f"{k}={v:.4g}" for k, v in c.items() if isinstance(v, float)),
+        f"components at b={comp.batch_size}, T={comp.temperature}, B={comp.budget}, "
+        f"D={comp.depth}: T_v (target round) {comp.t_verify:.3f} s, T_AR {comp.t_ar:.3f} s, "
+        f"t_forward {comp.t_forward:.3f} s, t_fixed {comp.t_fixed:.3f} s, "
+        f"T_b {comp.t_backup:.3f} s, alpha {comp.alpha:.3f}, alpha_miss {comp.alpha_miss:.3f}, "
+        f"hit model c={comp.hit_c:.3f} r={comp.hit_r:.3f}, coverage {comp.coverage:.3f}",
         f"T_p(D={comp.depth}) = {comp.build_time(comp.depth) / comp.t_verify:.2f} T_v; "
         f"modelled p_hit there {comp.p_hit_at(comp.budget, comp.depth):.3f} "
         f"(measured {comp.p_hit:.3f})",
     ]
     for r in rows:
-        d = f"D={r['depth']}" + (" (self-tuned)" if r["self_tuned"] else "")
+        d = f"D self-tuned (model picks D={r['depth']})" if r["self_tuned"] else f"D={r['depth']}"
         lines.append(
-            f"{r['config']}: B={r['budget']} {d}: predicted {r['speedup']:.2f}x AR, measured "
-            f"{r['measured']:.2f}x, error {100 * r['error']:+.1f}% "
-            f"({'within' if r['within'] else 'outside'} {100 * AIM:.0f}%)"
+            f"{r['config']}: B={r['budget']}, {d}: predicted {r['speedup']:.2f}× its AR, "
+            f"measured {r['measured']:.2f}×, error {100 * r['error']:+.1f}% "
+            f"({'within' if r['within'] else 'outside'} {100 * AIM:.0f}%); predicted "
+            f"{r['predicted_tok_per_s']:.2f} tok/s, measured {r['measured_tok_per_s']:.2f} "
+            f"({100 * r['tok_per_s_error']:+.1f}%)"
         )
     return "\n".join(lines)
+
+
+def _temperature(results: Mapping[str, Any]) -> float:
+    return float(results["settings"].get("sampling", {}).get("temperature", 0.0))
 
 
 def _by_int(total: Mapping[str, float], prefix: str) -> dict[int, float]:

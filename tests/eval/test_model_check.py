@@ -50,7 +50,7 @@ def _ssd_delta(depth: int, budget: int, rounds: int, batch: int) -> dict[str, fl
 
 
 def _results(depth: int | None, budget: int, batch: int = 1, ar_tok_s: float = 4.0,
-             ssd_tok_s: float = 6.0) -> dict[str, Any]:  # fmt: skip
+             ssd_tok_s: float = 6.0, temperature: float = 0.0) -> dict[str, Any]:  # fmt: skip
     args = ["--speculative-algorithm", "SSD", "--ssd-fanout-budget", str(budget)]
     if depth is not None:
         args += ["--ssd-tree-depth", str(depth)]
@@ -59,7 +59,7 @@ def _results(depth: int | None, budget: int, batch: int = 1, ar_tok_s: float = 4
     wall = 100 * (T_VERIFY + 0.01)
     ssd = _ssd_delta(depth or 4, budget, 100, batch)
     return {
-        "settings": {"batch_size": batch},
+        "settings": {"batch_size": batch, "sampling": {"temperature": temperature}},
         "configs": [c.to_dict() for c in configs],
         "batches": [
             {"config": "AR-2c", "wall_s": 10.0},
@@ -128,9 +128,17 @@ def test_check_compares_each_async_ssd_row_of_another_run() -> None:
     assert row["measured"] == pytest.approx(1.5)
     assert row["error"] == pytest.approx(row["speedup"] / 1.5 - 1)
     assert row["within"] == (abs(row["error"]) <= model_check.AIM)
-    assert "predicted" in model_check.report(comp, [row])
+    # Absolute speed: the prediction times the components run's AR (4 tok/s here).
+    assert row["predicted_tok_per_s"] == pytest.approx(row["speedup"] * 4.0)
+    assert row["tok_per_s_error"] == pytest.approx(row["predicted_tok_per_s"] / 6.0 - 1)
+    b4 = model_check.components(_results(4, 16, batch=4), "SSD")
+    (row4,) = model_check.check(b4, _results(None, 8, batch=4))
+    assert row4["predicted_tok_per_s"] == pytest.approx(row4["speedup"] * 4.0)  # all 4 requests
+    assert "model picks D=" in model_check.report(comp, [row])
     with pytest.raises(ValueError, match="same b"):
         model_check.check(comp, _results(None, 8, batch=4))
+    with pytest.raises(ValueError, match="temperature"):  # α differs when sampling
+        model_check.check(comp, _results(None, 8, temperature=0.7))
 
 
 def test_components_need_the_counters() -> None:
