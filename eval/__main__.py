@@ -201,11 +201,10 @@ def cmd_ssd(a: argparse.Namespace) -> int:
         ssd_extra=a.ssd_args.split(),
     )
     if a.only:
-        by_name = {c.name: c for c in configs}
-        unknown = [n for n in a.only if n not in by_name]
-        if unknown:
-            raise SystemExit(f"--only: unknown configuration(s) {unknown}; known: {list(by_name)}")
-        configs = [by_name[n] for n in a.only]
+        try:
+            configs = ssd_bench.select(configs, a.only)
+        except ValueError as exc:
+            raise SystemExit(f"--only: {exc}") from exc
     name = f"ssd-bench-{a.arrangement}-b{a.batch_size}-{Sampling.of(a.temperature).name}"
     results, out = _run(a, configs, a.tokenizer or Path(target), name)
     rows = ssd_bench.comparisons(results)

@@ -71,6 +71,19 @@ def bench_configs(
     return [*out, ssd]
 
 
+def select(configs: Sequence[Config], names: Sequence[str]) -> list[Config]:
+    """The configurations called `names`, in that order (the first becomes the reference).
+
+    Raises:
+        ValueError: on a name no configuration has, or no names at all.
+    """
+    by_name = {c.name: c for c in configs}
+    unknown = [n for n in names if n not in by_name]
+    if unknown or not names:
+        raise ValueError(f"unknown configuration(s) {unknown}; known: {list(by_name)}")
+    return [by_name[n] for n in names]
+
+
 # (SSD configuration, baseline, arrangement, aims by setting kind (`setting_kind`)): issue 12's
 # goals, each met only when the bootstrap interval's lower end reaches it.
 COMPARISONS: tuple[tuple[str, str, str, Mapping[str, float]], ...] = (

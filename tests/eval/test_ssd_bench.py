@@ -75,6 +75,11 @@ def test_bench_configs_arrangements() -> None:
     assert ssd_bench.setting_kind(4, True) == "b4-greedy"
     assert {c.lookahead for c in cfgs if c.algorithm != "NONE"} == {4}
     assert [c.name for c in ssd_bench.bench_configs("T", "D", ["paper"])][-1] == "SSD-1+1c"
+    # --only: a subset in the order given, the first the reference
+    picked = ssd_bench.select(cfgs, ["AR-2c", "SYNC-2c", "SSD-1+1c"])
+    assert [c.name for c in picked] == ["AR-2c", "SYNC-2c", "SSD-1+1c"]
+    with pytest.raises(ValueError, match="AR-3c"):
+        ssd_bench.select(cfgs, ["AR-3c"])
     with pytest.raises(ValueError):
         ssd_bench.bench_configs("T", "D", ["nope"])
     with pytest.raises(ValueError):
