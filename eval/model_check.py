@@ -48,15 +48,14 @@ from sglang_ssd.launch_server import flag_value
 from sglang_ssd.saguaro import (
     alpha_from_accept_length,
     expected_speedup,
-    fit_hit_model,
+    fit_hit_counts,
     geometric_fanout,
 )
 from sglang_ssd.saguaro.fanout import hit_rate
-from sglang_ssd.speculator.fanout_plan import DEFAULT_HIT_EXPONENT
+from sglang_ssd.saguaro.self_tuning import forward_seconds
+from sglang_ssd.speculator.fanout_plan import DEFAULT_HIT_EXPONENT, MIN_OBSERVATIONS_PER_FANOUT
 
 SPEC = "speculator_"
-# A fan-out value enters the hit-model fit only with this many outcomes (its rate is a mean).
-MIN_OUTCOMES_PER_FANOUT = 32
 # Geometric fan-out's cap on F_k (V - 1); far above any budget used here.
 VOCAB_CAP = 1 << 16
 AIM = 0.10  # the issue's bound on |predicted / measured - 1|
@@ -152,9 +151,7 @@ def components(results: Mapping[str, Any], ssd: str, ar: str = "AR-2c") -> Compo
         )
     depth = max(builds, key=lambda d: builds[d])
     phase = {k[len(f"{SPEC}phase_s_") :]: v for k, v in total.items() if "phase_s_" in k}
-    body = phase.get("glue", 0.0) + sum(v for k, v in phase.items() if k.startswith("tree_"))
-    head = phase.get("lm_head", 0.0) + phase.get("sampling", 0.0)
-    t_forward = body / build_forwards + head / max(forwards, build_forwards)
+    t_forward = forward_seconds(phase, max(forwards, build_forwards), build_forwards)
     t_build = total["speculator_build_s"] / steps
     c, r = _fit(outcomes, hits)
     l_hit = m.get("accept_length_hit") or m["accept_length"]
@@ -298,18 +295,17 @@ def _by_int(total: Mapping[str, float], prefix: str) -> dict[int, float]:
 
 
 def _fit(outcomes: Mapping[int, float], hits: Mapping[int, float]) -> tuple[float, float]:
-    """c and r from outcomes / hits by F (F >= 1 with `MIN_OUTCOMES_PER_FANOUT`); one usable F
-    only: r from `fanout_plan`'s default, c from that F's rate."""
-    usable = {f: n for f, n in outcomes.items() if f >= 1 and n >= MIN_OUTCOMES_PER_FANOUT}
+    """c and r from outcomes / hits by F (`fit_hit_counts`, with the speculator's minimum per F);
+    one usable F only: r from `fanout_plan`'s default, c from that F's rate."""
+    fitted = fit_hit_counts(outcomes, hits, MIN_OBSERVATIONS_PER_FANOUT)
+    if fitted is not None:
+        return fitted
+    usable = {f: n for f, n in outcomes.items() if f >= 1 and n >= MIN_OBSERVATIONS_PER_FANOUT}
     if not usable:
         raise ValueError("no fan-out value has enough outcomes to fit the hit model")
-    # Half a pseudo-miss keeps log(1 - rate) finite when every outcome hit.
-    rates = {f: 1.0 - (n - hits.get(f, 0.0) + 0.5) / (n + 1) for f, n in usable.items()}
-    if len(rates) >= 2:
-        fanouts = sorted(rates)
-        return fit_hit_model(fanouts, [rates[f] for f in fanouts])
-    ((f, rate),) = rates.items()
-    return (1.0 - rate) * f**DEFAULT_HIT_EXPONENT, DEFAULT_HIT_EXPONENT
+    ((f, n),) = usable.items()
+    miss = (n - hits.get(f, 0.0) + 0.5) / (n + 1)  # half a pseudo-miss, as `fit_hit_counts`
+    return miss * f**DEFAULT_HIT_EXPONENT, DEFAULT_HIT_EXPONENT
 
 
 def _budget(config: Config) -> int:

@@ -9,7 +9,7 @@ from .acceptance import AcceptanceCounts, alpha_from_accept_length, expected_acc
 from .backups import NgramSpeculator, RandomSpeculator
 from .cache import CacheLookup, SparseProbs, SpeculationCache
 from .fallback import Backup, BackupStats, FallbackPolicy
-from .fanout import fit_hit_model, geometric_fanout, hit_rate, uniform_fanout
+from .fanout import fit_hit_counts, fit_hit_model, geometric_fanout, hit_rate, uniform_fanout
 from .sampling import SamplingBatch, apply_sampling, saguaro_probs, top_m_from_fanout
 from .speedup import expected_speedup
 from .verify import VerifyResult, verify
@@ -30,6 +30,7 @@ __all__ = [
     "apply_sampling",
     "expected_accept_length",
     "expected_speedup",
+    "fit_hit_counts",
     "fit_hit_model",
     "geometric_fanout",
     "hit_rate",

@@ -13,7 +13,7 @@ stays finite at alpha = 0 (all budget at k = 0) and alpha = 1 (all budget at k =
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 
 def geometric_fanout(
@@ -106,6 +106,26 @@ def fit_hit_model(fanouts: Sequence[int], hit_rates: Sequence[float]) -> tuple[f
         (x - mean_x) ** 2 for x in xs
     )
     return math.exp(mean_y - slope * mean_x), max(-slope, 1e-6)
+
+
+def fit_hit_counts(
+    outcomes: Mapping[int, float], hits: Mapping[int, float], min_outcomes: int
+) -> tuple[float, float] | None:
+    """`fit_hit_model` on counted outcomes: F -> outcomes observed with F cached branches, F ->
+    how many of them hit. Only F >= 1 with at least `min_outcomes` outcomes enter; each rate
+    counts half a pseudo-miss, so that log(1 - rate) stays finite when every outcome hit.
+
+    Returns:
+        (c, r), or None with fewer than two usable F.
+
+    Source: paper Definition 11; DESIGN.md section 1 ("Cache hit model").
+    """
+    usable = {f: n for f, n in outcomes.items() if f >= 1 and n >= min_outcomes}
+    if len(usable) < 2:
+        return None
+    fanouts = sorted(usable)
+    rates = [1.0 - (usable[f] - hits.get(f, 0) + 0.5) / (usable[f] + 1) for f in fanouts]
+    return fit_hit_model(fanouts, rates)
 
 
 def _check_common(budget: int, lookahead: int, vocab_size: int) -> None:

@@ -39,6 +39,19 @@ SWITCH_MARGIN = 1.03
 EMA_WEIGHT = 0.2
 
 
+def forward_seconds(phases: Mapping[str, float], forwards: float, build_forwards: float) -> float:
+    """Seconds per draft forward of a build: (glue + tree bodies) / `build_forwards` + (LM head +
+    sampling) / `forwards`, from the speculator's seconds by phase over the same span.
+
+    Raises:
+        ZeroDivisionError: when `build_forwards` or `forwards` is 0 (the callers check first).
+    """
+    trees = sum(v for k, v in phases.items() if k.startswith("tree_"))
+    built = trees + sum(phases.get(k, 0.0) for k in BUILD_BODIES)
+    head = sum(phases.get(k, 0.0) for k in HEAD_PHASES)
+    return built / build_forwards + head / forwards
+
+
 @dataclass
 class DepthTuner:
     """Chooses D each round from the live timings, acceptance and hit rate.
@@ -96,10 +109,7 @@ class DepthTuner:
         """
         if build_forwards < 1 or forwards < build_forwards:
             return
-        trees = sum(v for k, v in phases.items() if k.startswith("tree_"))
-        built = trees + sum(phases.get(k, 0.0) for k in BUILD_BODIES)
-        head = sum(phases.get(k, 0.0) for k in HEAD_PHASES)
-        per_forward = built / build_forwards + head / forwards
+        per_forward = forward_seconds(phases, forwards, build_forwards)
         fixed = sum(phases.get(k, 0.0) for k in FIXED_PHASES)
         if self.t_forward is None:
             self.t_forward, self.t_fixed = per_forward, fixed

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from sglang_ssd.config import SSDConfig
 from sglang_ssd.saguaro import (
     AcceptanceCounts,
-    fit_hit_model,
+    fit_hit_counts,
     geometric_fanout,
     top_m_from_fanout,
     uniform_fanout,
@@ -113,18 +113,15 @@ class LiveFanout:
         """Fit r over the observation window; keeps the previous r without two fan-out values
         of `MIN_OBSERVATIONS_PER_FANOUT` observations each, and clamps to `HIT_EXPONENT_RANGE`.
         """
-        counts: dict[int, list[int]] = {}
+        outcomes: dict[int, int] = {}
+        hits: dict[int, int] = {}
         for fanout, hit in self._hits:
-            seen = counts.setdefault(fanout, [0, 0])
-            seen[0] += 1
-            seen[1] += hit
-        usable = {f: c for f, c in counts.items() if c[0] >= MIN_OBSERVATIONS_PER_FANOUT}
-        if len(usable) < 2:
+            outcomes[fanout] = outcomes.get(fanout, 0) + 1
+            hits[fanout] = hits.get(fanout, 0) + hit
+        fitted = fit_hit_counts(outcomes, hits, MIN_OBSERVATIONS_PER_FANOUT)
+        if fitted is None:
             return
-        fanouts = sorted(usable)
-        # A miss rate estimated with half a pseudo-miss stays > 0 when every outcome hit.
-        rates = [1.0 - (usable[f][0] - usable[f][1] + 0.5) / (usable[f][0] + 1) for f in fanouts]
-        _, r = fit_hit_model(fanouts, rates)
+        _, r = fitted
         low, high = HIT_EXPONENT_RANGE
         self.hit_exponent = min(max(r, low), high)
 
