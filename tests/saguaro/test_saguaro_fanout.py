@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from sglang_ssd.saguaro import (
     alpha_from_accept_length,
     expected_accept_length,
+    fit_hit_counts,
     fit_hit_model,
     geometric_fanout,
     hit_rate,
@@ -137,3 +138,10 @@ def test_fit_hit_model_recovers_power_law() -> None:
     assert hit_rate(0, c, r) == 0.0 and abs(hit_rate(4, c, r) - rates[2]) < 1e-12
     with pytest.raises(ValueError):
         fit_hit_model([3, 3], [0.5, 0.6])
+
+
+def test_fit_hit_counts_uses_half_a_pseudo_miss_and_enough_outcomes() -> None:
+    # F = 1: 3 of 3 hit -> 1 - 0.5/4; F = 2: 1 of 3 -> 1 - 2.5/4; F = 0 and F = 4 (too few) ignored
+    got = fit_hit_counts({0: 9, 1: 3, 2: 3, 4: 2}, {1: 3, 2: 1, 4: 2}, min_outcomes=3)
+    assert got == pytest.approx(fit_hit_model([1, 2], [1 - 0.5 / 4, 1 - 2.5 / 4]))
+    assert fit_hit_counts({1: 3, 4: 2}, {1: 3}, min_outcomes=3) is None  # one usable F
