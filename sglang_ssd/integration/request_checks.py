@@ -1,19 +1,24 @@
-"""Refuse requests whose sampling options SSD cannot apply exactly to p (HTTP 400).
+"""Refuse requests whose options SSD cannot apply exactly to p (HTTP 400).
 
-SSD verifies every draft against the target's p built from temperature, top-k, top-p and min-p
-only (`sglang_ssd.saguaro.verify`, DESIGN.md §1). Options that SGLang's own sampler would also
-apply to p (penalties, EOS masking by `min_new_tokens`, `logit_bias`, grammars, custom logit
-processors, beam search) would be silently ignored, so an SSD server refuses them instead.
+SSD applies to p, per verify position, everything SGLang's sampler applies in plain decoding:
+temperature, top-k, top-p, min-p (`sglang_ssd.saguaro.verify`), penalties, min tokens and logit
+bias (`sglang_ssd.saguaro.shaping`), grammars (SGLang's mask builder,
+`sglang_ssd.worker.request_options`). What it refuses is what cannot be applied per position:
+- custom logit processors: arbitrary code SGLang calls once per step on the batch's logits, with
+  state of its own; SSD would have to call it at each draft position with a draft prefix the
+  processor never sees, so the result could not be plain decoding's p;
+- watermarks: the green list depends on the previous token, which SGLang's watermarking reads
+  from committed state only;
+- beam search: it keeps several hypotheses per request, SSD verifies one chain.
 
 The same check runs at three places (see `sglang_ssd.integration.hooks`):
 - `/generate` before its streaming response starts, so streamed requests get a real 400;
-- the OpenAI completions / chat adapters after they build SGLang's sampling parameters
-  (response_format and tool_choice become grammars there);
+- the OpenAI completions / chat adapters after they build SGLang's sampling parameters;
 - the tokenizer manager for every request it tokenizes (Engine API, server-side
   `preferred_sampling_params`), as the last line.
 Refusals raise `SSDRequestError` (a `ValueError`), which SGLang's routes turn into HTTP 400.
 `check_prompt` also refuses the two prompts that crash SGLang 0.5.23's scheduler (empty, token
-ids outside the vocabulary). Server-wide flags that change p are refused at startup
+ids outside the vocabulary). Server-wide flags SSD cannot honour are refused at startup
 (`registration.validate_ssd_server_args`).
 """
 
@@ -22,18 +27,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-# (option, neutral value): numeric options that change p unless neutral.
-_NUMERIC_NEUTRAL: tuple[tuple[str, float], ...] = (
-    ("repetition_penalty", 1.0),
-    ("frequency_penalty", 0.0),
-    ("presence_penalty", 0.0),
-    ("min_new_tokens", 0.0),
-)
-_GRAMMARS = ("regex", "json_schema", "ebnf", "structural_tag")
-_HINT = (
-    "SSD verifies drafts against the target distribution after temperature, top_k, top_p and "
-    "min_p only; drop the option or use a server without --speculative-algorithm SSD"
-)
+_HINT = "drop the option or use a server without --speculative-algorithm SSD"
+_WHY = {
+    "a custom_logit_processor": (
+        "SGLang calls it once per decoding step on committed state, and SSD would have to call "
+        "it at every draft position with a draft prefix the processor cannot be given"
+    ),
+    "a watermark": "its green list is seeded from committed tokens only, not per draft position",
+}
 
 
 class SSDRequestError(ValueError):
@@ -48,8 +49,8 @@ def _get(params: Any, name: str) -> Any:
     return getattr(params, name, None)
 
 
-def _refuse(option: str) -> str:
-    return f"SSD cannot apply {option} exactly; {_HINT}."
+def _refuse(option: str, why: str = "SSD verifies one chain per request") -> str:
+    return f"SSD cannot apply {option} exactly ({why}); {_HINT}."
 
 
 def sampling_refusal(params: Any) -> str | None:
@@ -61,31 +62,10 @@ def sampling_refusal(params: Any) -> str | None:
     """
     if params is None:
         return None
-    for name, neutral in _NUMERIC_NEUTRAL:
-        value = _get(params, name)
-        try:
-            changed = value is not None and float(value) != neutral
-        except (TypeError, ValueError):
-            continue
-        if changed:
-            return _refuse(f"{name}={value}")
-    bias = _get(params, "logit_bias")
-    if isinstance(bias, Mapping) and any(_nonzero(v) for v in bias.values()):
-        return _refuse("logit_bias")
-    for name in _GRAMMARS:
-        if _get(params, name):
-            return _refuse(f"a {name} grammar constraint")
     beam_width = _get(params, "beam_width")
     if isinstance(beam_width, int) and beam_width > 1:
         return _refuse(f"beam search (beam_width={beam_width})")
     return None
-
-
-def _nonzero(value: Any) -> bool:
-    try:
-        return float(value) != 0.0
-    except (TypeError, ValueError):
-        return True
 
 
 def _as_list(value: Any) -> list[Any]:
@@ -103,9 +83,9 @@ def request_refusal(
         watermark: a request-level watermark config, if any.
     """
     if any(p for p in _as_list(custom_logit_processor)):
-        return _refuse("a custom_logit_processor")
+        return _refuse("a custom_logit_processor", _WHY["a custom_logit_processor"])
     if watermark is not None:
-        return _refuse("a watermark")
+        return _refuse("a watermark", _WHY["a watermark"])
     for params in _as_list(sampling_params):
         reason = sampling_refusal(params)
         if reason is not None:

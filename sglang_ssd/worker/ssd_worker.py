@@ -31,6 +31,7 @@ from sglang_ssd.config import SSDConfig, TargetCapacity
 from sglang_ssd.saguaro import SamplingBatch
 from sglang_ssd.worker.draft_batch import DraftBatch
 from sglang_ssd.worker.metrics import RoundTimer, count_request_rounds
+from sglang_ssd.worker.request_options import shape_verify_logits
 from sglang_ssd.worker.round_mode import RoundMode, record_request_tokens, request_accept_length
 from sglang_ssd.worker.speculator_client import SpeculatorClient
 from sglang_ssd.worker.verify_step import VerifiedBatch, verify_batch, verify_tokens
@@ -178,12 +179,13 @@ class SSDWorker(BaseSpecWorker):
         t_drafts = time.perf_counter()
         phases.add("wait_draft", t_drafts - t_start)
         with phases.phase("build_batch"):
-            seq_lens = self._build_verify_batch(batch, drafts, width)
+            seq_lens, verify_ids = self._build_verify_batch(batch, drafts, width)
         with phases.phase("forward"), self._cores(plain):
             result = self._target_worker.forward_batch_generation(batch, is_verify=True)
         logits_output = result.logits_output
         t_forward = time.perf_counter()
         with phases.phase("verify"):
+            shape_verify_logits(batch, logits_output.next_token_logits, verify_ids, drafts.tokens)
             verified = verify_batch(
                 logits_output.next_token_logits,
                 drafts,
@@ -235,16 +237,17 @@ class SSDWorker(BaseSpecWorker):
 
     def _build_verify_batch(
         self, batch: ScheduleBatch, drafts: DraftBatch, width: int
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Turn the decode `batch` into a TARGET_VERIFY batch over [root, d_1 .. d_{W-1}] per
         request, with KV slots for all W = `width` positions; returns the seq lens before the
-        round."""
+        round and the verify tokens (int64 [B, W] on the CPU)."""
         bs = len(batch.reqs)
         roots = [
             req.output_ids[-1] if len(req.output_ids) else req.origin_input_ids[-1]
             for req in batch.reqs
         ]
-        input_ids = verify_tokens(roots, drafts, width).reshape(-1).to(self.device)
+        verify_ids = verify_tokens(roots, drafts, width)
+        input_ids = verify_ids.reshape(-1).to(self.device)
         seq_lens = batch.seq_lens
         positions = (
             seq_lens.to(torch.int64).unsqueeze(1)
@@ -268,7 +271,7 @@ class SSDWorker(BaseSpecWorker):
             draft_token_num=width,
             new_seq_lens=seq_lens,
         )
-        return seq_lens
+        return seq_lens, verify_ids
 
     def _commit(
         self, batch: ScheduleBatch, logits_output: Any, verified: VerifiedBatch
