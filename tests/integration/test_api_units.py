@@ -25,24 +25,16 @@ from sglang_ssd.transport.messages import (
 from sglang_ssd.worker import metrics as worker_metrics
 
 
-@pytest.mark.parametrize(
-    ("params", "option"),
-    [
-        ({"repetition_penalty": 1.1}, "repetition_penalty"),
-        ({"frequency_penalty": 0.5}, "frequency_penalty"),
-        ({"presence_penalty": -0.5}, "presence_penalty"),
-        ({"min_new_tokens": 3}, "min_new_tokens"),
-        ({"logit_bias": {"5": 2.0}}, "logit_bias"),
-        ({"regex": "[a-z]+"}, "regex"),
-        ({"json_schema": "{}"}, "json_schema"),
-        ({"ebnf": "root ::= 'a'"}, "ebnf"),
-        ({"structural_tag": "{}"}, "structural_tag"),
-        ({"beam_width": 2}, "beam search"),
-    ],
-)
-def test_options_that_change_p_are_refused(params: dict, option: str) -> None:
-    reason = request_checks.sampling_refusal(params)
-    assert reason is not None and reason.startswith("SSD cannot apply") and option in reason
+def test_only_what_cannot_be_applied_per_position_is_refused() -> None:
+    """Beam search, custom logit processors and watermarks; the refusal says why."""
+    reason = request_checks.sampling_refusal({"beam_width": 2})
+    assert reason is not None and reason.startswith("SSD cannot apply beam search")
+    reason = request_checks.request_refusal({}, "serialized")
+    assert reason is not None and "custom_logit_processor" in reason and "draft position" in reason
+    assert "watermark" in request_checks.request_refusal({}, None, {"enabled": True})
+    batch = [{"temperature": 0.5}, {"beam_width": 3}]
+    assert "beam search" in request_checks.request_refusal(batch, [None, None])
+    assert request_checks.request_refusal([{}, {}], [None, None]) is None
 
 
 @pytest.mark.parametrize(
@@ -51,30 +43,24 @@ def test_options_that_change_p_are_refused(params: dict, option: str) -> None:
         {},
         None,
         {"temperature": 0.7, "top_p": 0.9, "top_k": 20, "min_p": 0.1},
-        {"repetition_penalty": 1.0, "frequency_penalty": 0, "presence_penalty": None},
-        {"min_new_tokens": 0, "logit_bias": {}, "regex": None, "json_schema": ""},
-        {"logit_bias": {"3": 0.0}},
-        {"repetition_penalty": "not a number"},  # SGLang reports its own type error
+        {"repetition_penalty": 1.1, "frequency_penalty": 0.5, "presence_penalty": -0.5},
+        {"min_new_tokens": 3, "logit_bias": {"5": 2.0}},
+        {"regex": "[a-z]+"},
+        {"json_schema": "{}"},
+        {"ebnf": "root ::= 'a'"},
+        {"structural_tag": "{}"},
+        {"beam_width": 1},
     ],
 )
-def test_neutral_options_pass(params: Any) -> None:
+def test_options_ssd_applies_pass(params: Any) -> None:
     assert request_checks.sampling_refusal(params) is None
-
-
-def test_request_level_options_and_batches() -> None:
-    assert "custom_logit_processor" in request_checks.request_refusal({}, "serialized")
-    assert "watermark" in request_checks.request_refusal({}, None, {"enabled": True})
-    batch = [{"temperature": 0.5}, {"presence_penalty": 1.0}]
-    assert "presence_penalty" in request_checks.request_refusal(batch, [None, None])
-    assert request_checks.request_refusal([{}, {}], [None, None]) is None
 
 
 def test_sglang_sampling_params_objects_are_checked() -> None:
     from sglang.srt.sampling.sampling_params import SamplingParams
 
     assert request_checks.sampling_refusal(SamplingParams(temperature=0.0)) is None
-    assert request_checks.sampling_refusal(SamplingParams(min_p=0.2)) is None
-    assert "min_new_tokens" in request_checks.sampling_refusal(SamplingParams(min_new_tokens=2))
+    assert request_checks.sampling_refusal(SamplingParams(min_new_tokens=2)) is None
 
 
 def test_empty_prompts_and_ids_outside_the_vocab_are_refused() -> None:
@@ -344,12 +330,12 @@ def test_hooks_leave_other_algorithms_alone() -> None:
     from sglang_ssd.integration import hooks
 
     tokenized = SimpleNamespace(
-        sampling_params=SamplingParams(presence_penalty=1.0), custom_logit_processor=None
+        sampling_params=SamplingParams(presence_penalty=1.0), custom_logit_processor="processor"
     )
     for algorithm, refused in (("STANDALONE", False), (None, False), ("ssd", True)):
         manager = SimpleNamespace(server_args=SimpleNamespace(speculative_algorithm=algorithm))
         if refused:
-            with pytest.raises(ValueError, match="SSD cannot apply presence_penalty"):
+            with pytest.raises(ValueError, match="SSD cannot apply a custom_logit_processor"):
                 hooks._check_tokenized(tokenized, manager)
         else:
             hooks._check_tokenized(tokenized, manager)
@@ -384,7 +370,7 @@ def test_p_changing_server_flags_are_refused_at_startup(tmp_path) -> None:
     for extra, message in (
         ({"enable_watermark": True}, "--enable-watermark"),
         ({"enable_strict_thinking": True}, "--enable-strict-thinking"),
-        ({"preferred_sampling_params": '{"repetition_penalty": 1.1}'}, "repetition_penalty"),
+        ({"preferred_sampling_params": '{"beam_width": 2}'}, "beam search"),
     ):
         with pytest.raises(ValueError, match=message):
             validate_ssd_server_args(SimpleNamespace(**args, **extra))
