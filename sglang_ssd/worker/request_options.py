@@ -20,6 +20,16 @@ import torch
 
 from sglang_ssd.saguaro.shaping import RequestOptions, shape_logits
 
+# SGLang `SamplingParams` fields this module applies to p per verify position.
+SHAPED_OPTIONS = (
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "min_new_tokens",
+    "logit_bias",
+)
+GRAMMAR_OPTIONS = ("regex", "json_schema", "ebnf", "structural_tag", "ebnf_full_assistant")
+
 
 def request_options(req: Any) -> RequestOptions:
     """A SGLang `Req`'s options, with the stop set SGLang's `BatchedMinNewTokensPenalizer`

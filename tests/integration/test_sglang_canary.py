@@ -311,39 +311,32 @@ def test_every_hook_target_resolves(monkeypatch: pytest.MonkeyPatch) -> None:
         assert hasattr(owner, attribute), f"SGLang moved the hook target {target}"
 
 
-# SGLang's per-request sampling options, by how SSD treats them (issue #11, item 10): a new one
-# must be classified here (and applied or refused in request_checks) before SSD serves it.
+# SGLang's per-request sampling options, by how SSD treats them (issue #13): a new one must be
+# classified here (applied in `saguaro.verify` / `worker.request_options`, or refused in
+# request_checks) before SSD serves it.
 APPLIED = {"temperature", "top_p", "top_k", "min_p"}
-REFUSED = {
-    "repetition_penalty",
-    "frequency_penalty",
-    "presence_penalty",
-    "min_new_tokens",
-    "logit_bias",
-    "regex",
-    "json_schema",
-    "ebnf",
-    "structural_tag",
-    "beam_width",
-    "watermark",
-}
+REFUSED = {"beam_width", "watermark"}
 P_NEUTRAL = {
     "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "n", "ignore_eos",
     "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim", "stream_interval",
     "sampling_seed", "custom_params", "stop_strs", "stop_regex_strs", "stop_str_max_len",
-    "stop_regex_max_len", "is_normalized", "ebnf_full_assistant",
+    "stop_regex_max_len", "is_normalized",
 }  # fmt: skip
 
 
 def test_sampling_options_are_all_classified() -> None:
-    from sglang_ssd.integration import request_checks
+    from sglang_ssd.worker.request_options import GRAMMAR_OPTIONS, SHAPED_OPTIONS
 
+    applied = APPLIED | set(SHAPED_OPTIONS) | set(GRAMMAR_OPTIONS)
     options = _fields(_resolve("sglang.srt.sampling.sampling_params.SamplingParams"))
-    known = APPLIED | REFUSED | P_NEUTRAL
+    known = applied | REFUSED | P_NEUTRAL
     assert options == known, (
         f"SGLang's SamplingParams changed: new {sorted(options - known)}, "
         f"gone {sorted(known - options)}; classify them (applied, refused, p-neutral)"
     )
-    checked = {name for name, _ in request_checks._NUMERIC_NEUTRAL}
-    checked |= set(request_checks._GRAMMARS) | {"logit_bias", "beam_width"}
-    assert checked | {"watermark"} == REFUSED, "request_checks refuses another set of options"
+    from sglang_ssd.integration import request_checks
+
+    assert request_checks.sampling_refusal({"beam_width": 2}) is not None
+    assert request_checks.request_refusal({}, None, {"enabled": True}) is not None
+    for name in SHAPED_OPTIONS + GRAMMAR_OPTIONS:
+        assert request_checks.sampling_refusal({name: 1}) is None, f"{name} is applied, not refused"
