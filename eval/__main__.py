@@ -18,6 +18,8 @@ Subcommands:
             sweep, then figures and report; resumes an interrupted run unless --fresh.
   model     the speedup model, from one run's component timings, against other runs' measured
             speedups at the same batch size (eval.model_check; eval/results/model-check.json).
+  options   each request option's cost to SSD: tok/s with it over tok/s without it on the
+            same HumanEval prompts, batch 1, greedy (eval/results/options-cost-b1.json).
   margin    ε of the greedy rule: decode vs TARGET_VERIFY argmax, teacher-forced, on the real
             pair (eval.margin; eval/results/margin-eps.json, resumable).
 """
@@ -34,7 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from eval import configs as presets
-from eval import datasets, figures, mixed, model_check, report, ssd_bench, sweep
+from eval import datasets, figures, mixed, model_check, options_cost, report, ssd_bench, sweep
 from eval.configs import Config
 from eval.harness import RunSettings, run_interleaved
 from eval.margin import cli as margin
@@ -485,6 +487,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = sub.add_parser("margin", help="measure ε of the greedy rule on the real pair")
     margin.add_arguments(p)
     p.set_defaults(func=margin.run)
+
+    p = sub.add_parser("options", help="what each request option costs SSD (tok/s ratio)")
+    options_cost.add_arguments(p)
+    p.set_defaults(func=options_cost.cli)
 
     p = sub.add_parser("show", help="print the table of a results file")
     p.add_argument("results", type=Path)

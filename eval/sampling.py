@@ -7,6 +7,7 @@ to `sglang_ssd.saguaro.verify` / `SpeculatorEngine.open` in the offline tools (`
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,7 @@ class Sampling:
     seed: int | None = None
     ignore_eos: bool = False
     stop: tuple[str, ...] = ()  # stop strings (SGLang's `stop`)
+    options: str = ""  # a JSON object of further SGLang sampling params (penalties, grammars)
 
     @property
     def greedy(self) -> bool:
@@ -66,4 +68,6 @@ class Sampling:
             params["sampling_seed"] = self.seed + request_index
         if self.stop:
             params["stop"] = list(self.stop)
+        if self.options:
+            params |= json.loads(self.options)
         return params

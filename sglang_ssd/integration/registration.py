@@ -21,11 +21,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 ALGORITHM = "SSD"
-# Server flags that change p for every request (DESIGN.md §1: apply exactly or refuse).
-_P_CHANGING_FLAGS = (
-    ("enable_watermark", "--enable-watermark"),
-    ("enable_strict_thinking", "--enable-strict-thinking"),
-)
 
 
 def is_ssd(algorithm: Any) -> bool:
@@ -106,7 +101,11 @@ def handle_ssd_server_args(server_args: ServerArgs) -> None:
 
 
 def validate_ssd_server_args(server_args: ServerArgs) -> None:
-    """Refuse what SSD cannot serve, with a clear message."""
+    """Refuse what SSD cannot serve, with a clear message (server flags: `server_flags.FLAGS`).
+
+    Raises:
+        ValueError: naming the flag and why.
+    """
     cfg = server_args  # SGLang passes a recorder that reads through the resolving view
     if cfg.speculative_draft_model_path is None:
         raise ValueError("--speculative-algorithm SSD needs --speculative-draft-model-path")
@@ -115,19 +114,9 @@ def validate_ssd_server_args(server_args: ServerArgs) -> None:
         raise ValueError(f"--speculative-num-steps must be >= 1 for SSD, got {steps}")
     if cfg.speculative_eagle_topk not in (None, 1):
         raise ValueError("SSD drafts a chain: --speculative-eagle-topk must be 1")
-    if cfg.tp_size != 1 or cfg.pp_size != 1 or cfg.dp_size != 1:
-        raise ValueError("SSD supports tp/pp/dp size 1 on the target")
-    if (getattr(cfg, "tokenizer_worker_num", 1) or 1) != 1:
-        raise ValueError(
-            "SSD's request checks and admin endpoints run in the single HTTP process: "
-            "--tokenizer-worker-num must be 1"
-        )
-    for field, flag in _P_CHANGING_FLAGS:
-        if getattr(cfg, field, False):
-            raise ValueError(
-                f"{flag} changes the target distribution through SGLang's sampler or grammar, "
-                "which SSD's verify does not use: SSD cannot apply it exactly"
-            )
+    from sglang_ssd.integration.server_flags import refuse_unsupported_flags
+
+    refuse_unsupported_flags(cfg)
     preferred = getattr(cfg, "preferred_sampling_params", None)
     if preferred:
         from sglang_ssd.integration.request_checks import sampling_refusal

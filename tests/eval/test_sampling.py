@@ -29,6 +29,9 @@ def test_sglang_params_and_seed_per_request() -> None:
         "ignore_eos": True, "sampling_seed": 13,
     }  # fmt: skip
     assert "sampling_seed" not in Sampling(seed=10).to_sglang()  # greedy needs none
+    shaped = Sampling.of(0.0, options='{"frequency_penalty": 0.5, "regex": "[a-z]+"}')
+    assert shaped.to_sglang()["frequency_penalty"] == 0.5 and shaped.to_sglang()["regex"]
+    assert shaped.name == "greedy" and "options" not in Sampling().to_sglang()
 
 
 def test_verify_batch() -> None:

@@ -7,7 +7,10 @@ step (`ScheduleBatch.cumulate_penalty_output_tokens` reads `output_ids` before t
 step has written them), so the default AR server is not plain decoding under penalties
 (see README, Exactness). Greedy SSD must equal it token for token for each option; greedy
 logprobs under penalties and a bias must equal it within float tolerance; a JSON-schema
-request served together with plain requests must equal it too.
+request served together with plain requests must equal it too; so must OpenAI chat requests
+constrained by `response_format` or a required / named `tool_choice`. Both servers run with
+`--chunked-prefill-size` and `--enable-return-hidden-states`, and SGLang's default
+`--grammar-backend` (xgrammar) (README, server flags).
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from eval.servers import Server
 pytestmark = pytest.mark.integration
 
 PROMPTS = ["def fibon", "hello world", "abcabc"]
+CHUNK = 64  # --chunked-prefill-size: LONG_PROMPT prefills in several chunks
+LONG_PROMPT = "def total(values):\n    return sum(v for v in values if v > 0)\n" * 4
 SCHEMA = {
     "type": "object",
     "properties": {"name": {"type": "string", "maxLength": 12}, "size": {"type": "integer"}},
@@ -47,7 +52,10 @@ OPTIONS: dict[str, dict[str, Any]] = {
 @pytest.fixture(scope="module")
 def servers(tiny_target: Path, tiny_draft: Path, tmp_path_factory: pytest.TempPathFactory):
     logs = tmp_path_factory.mktemp("logs")
-    common = ["--model-path", str(tiny_target), "--max-total-tokens", "4096", "--dtype", "float32"]
+    common = [
+        *("--model-path", str(tiny_target), "--max-total-tokens", "4096", "--dtype", "float32"),
+        *("--chunked-prefill-size", str(CHUNK), "--enable-return-hidden-states"),
+    ]
     spec = ["--speculative-draft-model-path", str(tiny_draft), "--speculative-algorithm", "SSD"]
     configs = {
         "ar": [*common, "--speculative-algorithm", "NONE", "--disable-overlap-schedule"],
@@ -143,6 +151,82 @@ def test_json_schema_request_among_plain_requests(servers) -> None:
     assert [o["output_ids"] for o in outs["ssd"]] == [o["output_ids"] for o in outs["ar"]]
     value = json.loads(outs["ssd"][0]["text"])
     assert set(value) == {"name", "size"} and isinstance(value["size"], int)
+
+
+def test_chunked_prefill_of_a_long_prompt_matches_plain_decoding(servers, tiny_target) -> None:
+    from transformers import AutoTokenizer
+
+    ids = AutoTokenizer.from_pretrained(tiny_target)(LONG_PROMPT)["input_ids"]
+    assert len(ids) > 2 * CHUNK, "the prompt must span several prefill chunks"
+    ((ar, ssd),) = _both(servers, [LONG_PROMPT])
+    assert ssd["output_ids"] == ar["output_ids"]
+
+
+def test_return_hidden_states_has_the_autoregressive_rows(servers) -> None:
+    """One hidden-state row per position as AR returns them (the prompt's rows, then one per
+    output token), of the target's width; values equal AR's within float tolerance."""
+    import torch
+
+    for ar, ssd in _both(servers, PROMPTS[:2], return_hidden_states=True):
+        assert ssd["output_ids"] == ar["output_ids"]
+        got, want = ssd["meta_info"]["hidden_states"], ar["meta_info"]["hidden_states"]
+        shapes = [tuple(torch.tensor(g).shape) for g in got]
+        assert shapes == [tuple(torch.tensor(w).shape) for w in want], (len(got), len(want))
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(torch.tensor(g), torch.tensor(w), atol=1e-3, rtol=1e-3)
+
+
+def _chat(server: Server, **body: Any) -> dict:
+    # The tiny target would pad JSON with spaces to max_tokens: a frequency penalty ends that.
+    body = {"model": "tiny", "max_tokens": 300, "temperature": 0, "frequency_penalty": 1.5, **body}
+    reply = requests.post(f"{server.url}/v1/chat/completions", json=body, timeout=300)
+    assert reply.status_code == 200, reply.text
+    return reply.json()["choices"][0]
+
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "parameters": {
+                "type": "object",
+                "properties": {"unit": {"type": "string", "enum": ["c", "f"]}},
+                "required": ["unit"],
+            },
+        },
+    }
+    for name in ("get_weather", "get_time")
+]
+CHAT_CASES: dict[str, dict[str, Any]] = {
+    "tool_choice_required": {"tools": TOOLS, "tool_choice": "required"},
+    "tool_choice_named": {
+        "tools": TOOLS,
+        "tool_choice": {"type": "function", "function": {"name": "get_time"}},
+    },
+    "response_format_json_schema": {
+        "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}}
+    },
+    "response_format_json_object": {"response_format": {"type": "json_object"}},
+}
+
+
+@pytest.mark.parametrize("name", list(CHAT_CASES))
+def test_openai_constrained_chat_matches_plain_decoding(servers, name: str) -> None:
+    messages = [{"role": "user", "content": "weather in paris, as json"}]
+    with cf.ThreadPoolExecutor(2) as pool:
+        futures = {
+            server: pool.submit(_chat, servers[server], messages=messages, **CHAT_CASES[name])
+            for server in ("ar", "ssd")
+        }
+        ar, ssd = (futures[server].result() for server in ("ar", "ssd"))
+    assert ssd["message"] == ar["message"], name
+    assert ssd["finish_reason"] == ar["finish_reason"] != "length", (name, ssd)
+    if name.startswith("tool_choice"):
+        calls = ssd["message"].get("tool_calls")
+        assert calls and all(json.loads(c["function"]["arguments"]) for c in calls), ssd
+        if name == "tool_choice_named":
+            assert {c["function"]["name"] for c in calls} == {"get_time"}
 
 
 def _logprob_values(rows: list) -> list[float]:
