@@ -5,8 +5,7 @@ Every flag that is not `--ssd-*` goes to SGLang untouched. On top of SGLang's de
   target, and the 0.5B draft for STANDALONE and SSD);
 - on a machine without CUDA selects SGLang's CPU engine (`SGLANG_USE_CPU_ENGINE=1`,
   `--device cpu`, the `intel_amx` attention backend that speculative decoding needs on CPU, and
-  a bounded `--max-total-tokens`, and `--sleep-on-idle`), and `--dtype float32` on a CPU
-  without bf16 instructions (`sglang_ssd.cpu_features`);
+  a bounded `--max-total-tokens`, and `--sleep-on-idle`);
 - drops `--speculative-algorithm NONE`: SGLang 0.5.23 treats the string "NONE" as speculative in
   its tokenizer manager and crashes on the first finished request;
 - validates the `--ssd-*` flags into one `SSDConfig` and exports it to SGLang's subprocesses.
@@ -19,7 +18,6 @@ import os
 import sys
 from collections.abc import Sequence
 
-from sglang_ssd import cpu_features
 from sglang_ssd.config import SSDConfig, SSDConfigError, add_ssd_args
 
 DEFAULT_ALGORITHM = "SSD"
@@ -120,9 +118,6 @@ def apply_defaults(argv: list[str], *, cuda: bool, environ: dict[str, str]) -> l
             argv += ["--attention-backend", "intel_amx"]
         if _flag_value(argv, "--max-total-tokens") is None:
             argv += ["--max-total-tokens", str(CPU_MAX_TOTAL_TOKENS)]
-        if _flag_value(argv, "--dtype") is None and cpu_features.default_cpu_dtype() != "auto":
-            # No bf16 instructions: bf16 matmuls there are ~8x slower than float32.
-            argv += ["--dtype", cpu_features.default_cpu_dtype()]
         if "--sleep-on-idle" not in argv:
             # An idle CPU scheduler otherwise busy-polls a whole core, which slows a speculator
             # or another server sharing the machine.

@@ -77,7 +77,6 @@ class SpeculatorClient:
 
     The speculator's KV pool is sized from `capacity`, the target's (`SSDConfig.draft_kv_slots`,
     unless `--ssd-draft-kv-tokens` is given); `config.draft_kv_tokens` holds the size chosen.
-    The speculator loads the draft in `draft_dtype` (the target's format, from the worker).
 
     Raises (constructor): `TransportError` if the speculator does not start; `ValueError` on an
     impossible CPU placement.
@@ -90,7 +89,6 @@ class SpeculatorClient:
         target_device: str,
         vocab_size: int,
         capacity: TargetCapacity | None = None,
-        draft_dtype: str = "bfloat16",
     ) -> None:
         self.capacity = capacity
         self.config = config.replace(draft_kv_tokens=config.draft_kv_slots(capacity))
@@ -129,7 +127,6 @@ class SpeculatorClient:
             placement,
             self._lock,
             self._forget,
-            draft_dtype=draft_dtype,
         )
         self.supervisor.start()
 

@@ -114,8 +114,6 @@ class SSDWorker(BaseSpecWorker):
                 max_running_requests=int(runner.max_running_requests),
                 context_len=int(runner.model_config.context_len),
             ),
-            # The draft in the target's format: float32 on a CPU without bf16 instructions.
-            draft_dtype=str(runner.model_config.dtype).removeprefix("torch."),
         )
 
     def clear_cache_pool(self) -> None:

@@ -114,7 +114,6 @@ class Supervisor:
         placement: where the speculator runs.
         lock: the client's lock.
         forget: drops the client's per-request state.
-        draft_dtype: the draft model's format ("bfloat16", "float16", "float32").
     """
 
     def __init__(
@@ -124,10 +123,8 @@ class Supervisor:
         placement: Placement,
         lock: threading.Lock,
         forget: Callable[[], None],
-        draft_dtype: str = "bfloat16",
     ) -> None:
         self.config = config
-        self.draft_dtype = draft_dtype
         self.model_path = model_path
         self.placement = placement
         self.lock = lock
@@ -154,9 +151,7 @@ class Supervisor:
             backend="nccl" if nccl else "gloo", tensor_timeout_s=config.speculator_timeout
         )
         address = link.start()
-        process = SpeculatorProcess(
-            config, self.model_path, address, self.placement, dtype=self.draft_dtype
-        )
+        process = SpeculatorProcess(config, self.model_path, address, self.placement)
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         try:
             while True:

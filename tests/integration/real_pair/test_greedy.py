@@ -22,7 +22,6 @@ import torch
 
 from eval.lossless import continuation
 from eval.servers import Server
-from sglang_ssd.cpu_features import default_cpu_dtype
 from sglang_ssd.testing import check_greedy
 
 from .pair import humaneval_ids
@@ -38,13 +37,10 @@ def prompts(pair) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def transformers_greedy(pair, prompts) -> list[list[int]]:
-    """transformers' greedy 32 tokens in the servers' format, computed before servers start."""
+    """transformers' greedy 32 tokens from the bf16 folder, computed before servers start."""
     from transformers import AutoModelForCausalLM
 
-    # The servers' format: the checkpoint's bf16, or float32 on a CPU without bf16 instructions
-    # (the launcher's default there, `sglang_ssd.cpu_features`).
-    dtype = torch.float32 if default_cpu_dtype() == "float32" else torch.bfloat16
-    model = AutoModelForCausalLM.from_pretrained(str(pair[0]), dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(str(pair[0]), dtype=torch.bfloat16)
     outputs = []
     with torch.inference_mode():
         for ids in prompts:
