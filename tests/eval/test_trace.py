@@ -55,8 +55,15 @@ def test_record_and_replay_greedy(tiny_target, tiny_draft):
     assert 0.0 <= trace["summary"]["hit_rate"] <= 1.0
 
     hf = AutoModelForCausalLM.from_pretrained(tiny_target, dtype=torch.float32)
+    ids = torch.tensor([PROMPT])
+    # An explicit mask: PROMPT holds token 0, which generate() would otherwise take for padding
+    # (pad_token_id=0) and mask out.
     ar = hf.generate(
-        torch.tensor([PROMPT]), max_new_tokens=len(output), do_sample=False, pad_token_id=0
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=len(output),
+        do_sample=False,
+        pad_token_id=0,
     )
     assert output == ar[0, len(PROMPT) :].tolist(), "greedy SSD must equal the target's AR"
 
