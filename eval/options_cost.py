@@ -80,7 +80,8 @@ def run(prompts: int, max_new_tokens: int, only: list[str]) -> dict[str, Any]:
     }
     args = ["--model-path", str(target), "--speculative-draft-model-path", str(draft)]
     plain = Sampling.of(0.0, max_new_tokens=max_new_tokens)
-    with Server("ssd-options", [*args, "--speculative-algorithm", "SSD"]) as server:
+    log = Path("eval/logs/options/ssd.log")
+    with Server("ssd-options", [*args, "--speculative-algorithm", "SSD"], log_path=log) as server:
         bar = tqdm(total=len(names) * len(chosen) * 2, desc="options", unit="req")
         for name in names:
             shaped = Sampling.of(
