@@ -6,7 +6,9 @@ import importlib
 
 import pytest
 
-EVAL_SUBCOMMANDS = ("baseline", "ssd", "run", "show", "sweep", "figures", "report", "all", "margin")
+EVAL_SUBCOMMANDS = (
+    "baseline", "ssd", "run", "show", "sweep", "figures", "report", "all", "margin", "options",
+)  # fmt: skip
 # (module whose `main` parses the command line, the arguments after `python -m <package>`)
 COMMANDS = [
     ("eval.__main__", ["--help"]),
