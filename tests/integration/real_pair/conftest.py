@@ -44,7 +44,11 @@ def ar_server(
 def ssd_server(
     pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Server]:
-    """SSD with the launcher's defaults: the speculator in its own process on its own cores."""
+    """SSD with the launcher's defaults, the speculator in its own process on its own cores,
+    except a `--ssd-speculator-timeout` of 300 s: on an AVX2-only 2-core CPU the speculator's
+    prefill of a batch of 10-16 new requests (one core, ~2k tokens) outlasted the default
+    30 s, and the target counted a fault and restarted a speculator that was working, not hung
+    (the tests here check that no fault or restart happens)."""
     log = tmp_path_factory.mktemp("real-pair-logs") / "ssd.log"
     args = [
         "--model-path",
@@ -53,6 +57,8 @@ def ssd_server(
         str(pair[1]),
         "--speculative-algorithm",
         "SSD",
+        "--ssd-speculator-timeout",
+        "300",
     ]
     with Server("ssd", args, log_path=log) as server:
         yield server
