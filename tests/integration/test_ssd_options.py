@@ -223,10 +223,13 @@ def test_openai_constrained_chat_matches_plain_decoding(servers, name: str) -> N
     assert ssd["message"] == ar["message"], name
     assert ssd["finish_reason"] == ar["finish_reason"] != "length", (name, ssd)
     if name.startswith("tool_choice"):
-        calls = ssd["message"].get("tool_calls")
-        assert calls and all(json.loads(c["function"]["arguments"]) for c in calls), ssd
-        if name == "tool_choice_named":
-            assert {c["function"]["name"] for c in calls} == {"get_time"}
+        # The tiny tokenizer decodes with a space between tokens, so SGLang's tool-call parser
+        # sees no JSON in `content`; the tokens themselves follow the call schema.
+        calls = json.loads(ssd["message"]["content"].replace(" ", ""))
+        assert calls and all(set(c) == {"name", "parameters"} for c in calls), ssd
+        assert all(c["parameters"]["unit"] in ("c", "f") for c in calls), ssd
+        expected = {"get_time"} if name == "tool_choice_named" else {"get_weather", "get_time"}
+        assert {c["name"] for c in calls} <= expected, ssd
 
 
 def _logprob_values(rows: list) -> list[float]:
