@@ -230,7 +230,8 @@ class SSDConfig:
     draft_device: str | None = field(
         default=None,
         metadata=flag(
-            "Speculator device (default: cpu on CPU, next GPU on GPU).",
+            "Speculator device (default: cpu on CPU; on GPU the first GPU after every target "
+            "rank; it may not be one of the target's GPUs).",
             ok=lambda v: _DEVICE_RE.match(v) is not None,
             rule="must be 'cpu' or 'cuda:N'",
             metavar="{cpu,cuda:N}",

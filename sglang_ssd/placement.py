@@ -5,6 +5,7 @@
 `pin_process` pins every thread of the calling process (Linux `sched_setaffinity` applies per
 thread, and OpenMP pools may already exist) and sets torch's intra-op thread count to match.
 `split_cpus` decides the default split: the speculator gets the last core, the target the rest.
+`TargetGpus` and `draft_gpu` decide the default GPU and refuse collisions with the target's.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import logging
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -32,21 +34,125 @@ class Placement:
     target_cpus: tuple[int, ...] = ()
 
 
-def place(config: SSDConfig, target_device: str) -> Placement:
-    """The speculator's placement next to a target on `target_device`.
+@dataclass(frozen=True)
+class TargetGpus:
+    """The GPUs SGLang 0.5.23 gives a server's target ranks (one node).
 
-    On CUDA: `--ssd-draft-device`, else the GPU after the target's (the target's own when it is
-    the last). On CPU: the cores of `split_cpus(--ssd-draft-cpus)`; the calling (target) process
-    is pinned to the other cores.
+    `DataParallelController.launch_dp_schedulers` starts replica r at
+    `r * tp_size * pp_size * gpu_id_step`, and within it `launch_tensor_parallel_group` puts
+    (pp, tp) on `base_gpu_id + start + pp * tp_size + tp * gpu_id_step` (engine.py does the
+    same without DP). Attributes are those server flags (`--base-gpu-id`, `--tp-size`,
+    `--pp-size`, `--dp-size`, `--gpu-id-step`).
+    """
+
+    base_gpu_id: int = 0
+    tp_size: int = 1
+    pp_size: int = 1
+    dp_size: int = 1
+    gpu_id_step: int = 1
+
+    @classmethod
+    def of(cls, server_args: Any) -> TargetGpus:
+        """From SGLang's server args (missing or None fields take the defaults)."""
+
+        def get(name: str, default: int) -> int:
+            value = getattr(server_args, name, None)
+            return default if value is None else int(value)
+
+        return cls(
+            get("base_gpu_id", 0),
+            get("tp_size", 1),
+            get("pp_size", 1),
+            get("dp_size", 1),
+            get("gpu_id_step", 1),
+        )
+
+    def replica(self, dp_rank: int) -> tuple[int, ...]:
+        """The GPU ids of DP replica `dp_rank`'s ranks, sorted."""
+        start = self.base_gpu_id + dp_rank * self.tp_size * self.pp_size * self.gpu_id_step
+        return tuple(
+            sorted(
+                start + pp * self.tp_size + tp * self.gpu_id_step
+                for pp in range(self.pp_size)
+                for tp in range(self.tp_size)
+            )
+        )
+
+    def all(self) -> tuple[int, ...]:
+        """Every GPU id of the server's target ranks, all replicas, sorted."""
+        return tuple(sorted({g for r in range(self.dp_size) for g in self.replica(r)}))
+
+    def dp_rank_of(self, gpu_id: int) -> int:
+        """The replica whose ranks include `gpu_id`.
+
+        Raises:
+            ValueError: when no replica runs on `gpu_id`.
+        """
+        for rank in range(self.dp_size):
+            if gpu_id in self.replica(rank):
+                return rank
+        raise ValueError(f"GPU {gpu_id} runs no target rank of {self}")
+
+
+def draft_gpu(config: SSDConfig, gpus: TargetGpus, dp_rank: int, device_count: int) -> str:
+    """The CUDA device of replica `dp_rank`'s speculator: `--ssd-draft-device`, else the first
+    GPU after every target rank of the server, one per replica (max(`gpus.all()`) + 1 +
+    dp_rank). "After the replica's TP group" alone (base + tp_size) would be the next
+    replica's first GPU under `--dp-size` > 1, so the speculators come after all of them.
 
     Raises:
-        ValueError: from `split_cpus` / `pin_process` on an impossible CPU split.
+        ValueError: the device is one of the target's GPUs (NCCL refuses two ranks on one GPU,
+            and the two would fight over its memory), a GPU the machine lacks, or (with
+            `--dp-size` > 1) one device named for every replica's speculator.
+    """
+    target = gpus.all()
+    if config.draft_device is not None:
+        index = torch.device(config.draft_device).index or 0
+        if gpus.dp_size > 1:
+            raise ValueError(
+                f"--ssd-draft-device {config.draft_device} would put the speculators of all "
+                f"{gpus.dp_size} DP replicas on one GPU; leave it unset (each replica's "
+                f"speculator then takes its own GPU after the target's {list(target)})"
+            )
+    else:
+        index = target[-1] + 1 + dp_rank
+    if index in target:
+        raise ValueError(
+            f"the speculator's GPU cuda:{index} is one of the target's GPUs {list(target)}: "
+            "NCCL refuses two ranks on one GPU, so give the speculator a GPU of its own with "
+            "--ssd-draft-device cuda:N, or --ssd-draft-device cpu to run it on CPU cores "
+            "(GPU memory for a shared device is not reserved)"
+        )
+    if index >= device_count:
+        raise ValueError(
+            f"the speculator needs a GPU of its own after the target's {list(target)}, "
+            f"but cuda:{index} does not exist ({device_count} visible): set "
+            "--ssd-draft-device cuda:N to a free GPU, or --ssd-draft-device cpu to run the "
+            "speculator on CPU cores"
+        )
+    return f"cuda:{index}"
+
+
+def place(config: SSDConfig, target_device: str, gpus: TargetGpus | None = None) -> Placement:
+    """The speculator's placement next to a target on `target_device`.
+
+    On CUDA: `--ssd-draft-device cpu` runs it on CPU cores (unpinned); otherwise `draft_gpu`
+    for the replica that runs on `target_device` (`gpus`: the server's GPUs; default: a lone
+    target on `target_device`). On CPU: the cores of `split_cpus(--ssd-draft-cpus)`; the
+    calling (target) process is pinned to the other cores.
+
+    Raises:
+        ValueError: from `draft_gpu` (a collision or a missing GPU) or from `split_cpus` /
+            `pin_process` on an impossible CPU split.
     """
     if target_device.startswith("cuda"):
-        device = config.draft_device
-        if device is None:
-            index = torch.cuda.current_device() + 1
-            device = f"cuda:{index}" if index < torch.cuda.device_count() else target_device
+        if config.draft_device == "cpu":
+            return Placement(device="cpu", cpus=None)
+        index = torch.device(target_device).index
+        gpu_id = torch.cuda.current_device() if index is None else index
+        gpus = gpus or TargetGpus(base_gpu_id=gpu_id)
+        device = draft_gpu(config, gpus, gpus.dp_rank_of(gpu_id), torch.cuda.device_count())
+        logger.info("SSD: target on cuda:%d, speculator on %s", gpu_id, device)
         return Placement(device=device, cpus=None)
     target_cpus, draft_cpus = split_cpus(config.draft_cpus, take_turns=config.mode == "sync")
     pin_process(target_cpus)

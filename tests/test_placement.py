@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -63,10 +64,66 @@ def test_place_on_cpu_pins_the_target_and_gives_the_speculator_its_cores(monkeyp
     assert placement.place(SSDConfig(draft_cpus=(2, 3)), "cpu").cpus == (2, 3)
 
 
-def test_place_on_cuda_takes_the_next_gpu_or_shares_the_last(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+def _cuda(monkeypatch, count: int, current: int = 0) -> None:
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+
+
+def test_place_on_cuda_takes_the_next_gpu(monkeypatch):
+    _cuda(monkeypatch, 2)
     assert placement.place(SSDConfig(), "cuda:0") == placement.Placement("cuda:1", None)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    assert placement.place(SSDConfig(), "cuda:0").device == "cuda:0"
+    assert placement.place(SSDConfig(), "cuda").device == "cuda:1"  # SGLang's "cuda": current
+    _cuda(monkeypatch, 4)
     assert placement.place(SSDConfig(draft_device="cuda:3"), "cuda:0").device == "cuda:3"
+    assert placement.place(SSDConfig(draft_device="cpu"), "cuda:0") == placement.Placement(
+        "cpu", None
+    )
+
+
+def test_one_gpu_is_refused_naming_the_flag(monkeypatch):
+    """NCCL refuses two ranks on one GPU: the speculator never shares the target's."""
+    _cuda(monkeypatch, 1)
+    with pytest.raises(ValueError, match="--ssd-draft-device"):
+        placement.place(SSDConfig(), "cuda:0")
+    with pytest.raises(ValueError, match="one of the target's GPUs"):
+        placement.place(SSDConfig(draft_device="cuda:0"), "cuda:0")
+
+
+def test_target_gpus_follow_sglangs_assignment():
+    """SGLang 0.5.23 (data_parallel_controller.py): replica r starts at r·tp·pp·step, rank
+    (pp, tp) at + pp·tp + tp·step."""
+    gpus = placement.TargetGpus(base_gpu_id=2, tp_size=2, pp_size=1, dp_size=2)
+    assert gpus.replica(0) == (2, 3) and gpus.replica(1) == (4, 5)
+    assert gpus.all() == (2, 3, 4, 5)
+    assert gpus.dp_rank_of(5) == 1
+    stepped = placement.TargetGpus(tp_size=2, gpu_id_step=2)
+    assert stepped.all() == (0, 2)
+    with pytest.raises(ValueError, match="no target rank"):
+        stepped.dp_rank_of(1)
+    args = SimpleNamespace(base_gpu_id=1, tp_size=4, pp_size=None, dp_size=1, gpu_id_step=1)
+    assert placement.TargetGpus.of(args) == placement.TargetGpus(1, 4, 1, 1, 1)
+
+
+def test_default_draft_gpu_comes_after_every_target_rank(monkeypatch):
+    """With TP the next GPU is a TP peer; with DP, base + tp_size is the next replica's."""
+    tp = placement.TargetGpus(tp_size=2)
+    assert placement.draft_gpu(SSDConfig(), tp, 0, 8) == "cuda:2"
+    dp = placement.TargetGpus(base_gpu_id=1, tp_size=2, dp_size=2)
+    assert [placement.draft_gpu(SSDConfig(), dp, r, 8) for r in (0, 1)] == ["cuda:5", "cuda:6"]
+    _cuda(monkeypatch, 8, current=1)
+    assert placement.place(SSDConfig(), "cuda:1", tp).device == "cuda:2"
+    assert placement.place(SSDConfig(), "cuda:3", dp).device == "cuda:6"  # replica 1's rank
+
+
+@pytest.mark.parametrize(
+    ("draft_device", "gpus", "count", "message"),
+    [
+        ("cuda:1", placement.TargetGpus(tp_size=2), 4, "one of the target's GPUs"),
+        (None, placement.TargetGpus(tp_size=2), 2, "cuda:2 does not exist"),
+        ("cuda:7", placement.TargetGpus(), 4, "cuda:7 does not exist"),
+        ("cuda:3", placement.TargetGpus(dp_size=2), 4, "all 2 DP replicas on one GPU"),
+    ],
+)
+def test_collisions_are_refused(draft_device, gpus, count, message):
+    with pytest.raises(ValueError, match=message):
+        placement.draft_gpu(SSDConfig(draft_device=draft_device), gpus, 0, count)

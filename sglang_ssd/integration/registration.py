@@ -98,6 +98,68 @@ def handle_ssd_server_args(server_args: ServerArgs) -> None:
     server_args.speculative_num_draft_tokens = steps + 1
     server_args.disable_overlap_schedule = True
     server_args.enable_mixed_chunk = False
+    disable_verify_cuda_graphs(server_args)
+
+
+def disable_verify_cuda_graphs(server_args: ServerArgs) -> None:
+    """Turn off SGLang's decode-phase CUDA graphs for SSD on a GPU (logged).
+
+    SSD presents itself like NGRAM, so SGLang's `DecodeCudaGraphRunner` would capture
+    TARGET_VERIFY graphs with a custom-mask buffer, while SSD's verify input
+    (`SSDVerifyInput`) carries `custom_mask=None`: FlashInfer raises at replay and Triton
+    reads a mask nobody filled (wrong attention, a lossy verify). The simplest correct choice:
+    SSD's verify forwards run eagerly. Passing the chain mask instead would keep the graphs,
+    at the cost of filling the mask buffer the runner captured against every round (issue 14).
+
+    This runs in `handle_speculative_decoding`, after SGLang parsed `cuda_graph_config`, so
+    it rewrites that resolved config's decode phase (writes through SGLang's plugin recorder
+    are declared); the prefill phase keeps its graphs (SSD's prefill is a plain extend). On
+    the CPU no graphs are captured and nothing changes.
+    """
+    from sglang_ssd.integration.server_flags import on_cpu
+
+    if on_cpu(server_args):
+        return
+    from sglang.srt.model_executor.cuda_graph_config import (
+        Backend,
+        Phase,
+        default_cuda_graph_config,
+        with_phase,
+    )
+
+    current = getattr(server_args, "cuda_graph_config", None) or default_cuda_graph_config()
+    if current.decode.backend == Backend.DISABLED:
+        return
+    server_args.cuda_graph_config = with_phase(current, Phase.DECODE, backend=Backend.DISABLED)
+    logger.info(
+        "SSD: decode CUDA graphs off (was %s): SSD's TARGET_VERIFY forwards carry no custom "
+        "mask for a captured graph to replay with, so they run eagerly",
+        current.decode.backend,
+    )
+
+
+def check_gpu_placement(server_args: ServerArgs, device_count: int | None = None) -> None:
+    """On CUDA, refuse at startup a speculator GPU that collides with a target rank's or does
+    not exist, for every DP replica (`placement.draft_gpu`; `device_count` defaults to the
+    visible GPUs). Nothing to check on the CPU or with `--ssd-draft-device cpu`.
+
+    Raises:
+        ValueError: naming `--ssd-draft-device` and the GPUs involved.
+    """
+    from sglang_ssd.config import SSDConfig
+    from sglang_ssd.integration.server_flags import on_cpu
+    from sglang_ssd.placement import TargetGpus, draft_gpu
+
+    config = SSDConfig.from_env() or SSDConfig()
+    if on_cpu(server_args) or config.draft_device == "cpu":
+        return
+    if device_count is None:
+        import torch
+
+        device_count = torch.cuda.device_count()
+    gpus = TargetGpus.of(server_args)
+    for dp_rank in range(gpus.dp_size):
+        draft_gpu(config, gpus, dp_rank, device_count)
 
 
 def validate_ssd_server_args(server_args: ServerArgs) -> None:
@@ -117,6 +179,7 @@ def validate_ssd_server_args(server_args: ServerArgs) -> None:
     from sglang_ssd.integration.server_flags import refuse_unsupported_flags
 
     refuse_unsupported_flags(cfg)
+    check_gpu_placement(cfg)
     preferred = getattr(cfg, "preferred_sampling_params", None)
     if preferred:
         from sglang_ssd.integration.request_checks import sampling_refusal

@@ -23,7 +23,8 @@ def _get(cfg: Any, name: str) -> Any:
     return getattr(cfg, name, None)
 
 
-def _on_cpu(cfg: Any) -> bool:
+def on_cpu(cfg: Any) -> bool:
+    """Whether SGLang's server args (`device`, or no CUDA when it is unset) run on the CPU."""
     device = _get(cfg, "device")
     if device is None:
         import torch
@@ -131,7 +132,7 @@ FLAGS: tuple[FlagRule, ...] = (
         "`python -m sglang_ssd.models` converts GGUF files to bf16 (on CUDA they pass through, "
         "untested end to end)",
         _REFUSAL_TEST,
-        lambda cfg: _on_cpu(cfg) and bool(_get(cfg, "quantization") or _gguf_target(cfg)),
+        lambda cfg: on_cpu(cfg) and bool(_get(cfg, "quantization") or _gguf_target(cfg)),
     ),
     FlagRule(
         "`--enable-hierarchical-cache`",
@@ -147,7 +148,7 @@ FLAGS: tuple[FlagRule, ...] = (
         "SGLang's CPU graph runner compiles decode batches and asserts that no speculative "
         "algorithm runs; SSD's rounds are TARGET_VERIFY forwards (on CUDA: issue 14)",
         _REFUSAL_TEST,
-        lambda cfg: _on_cpu(cfg) and bool(_get(cfg, "enable_torch_compile")),
+        lambda cfg: on_cpu(cfg) and bool(_get(cfg, "enable_torch_compile")),
     ),
     FlagRule(
         "multimodal targets",

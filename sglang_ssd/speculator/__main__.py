@@ -66,6 +66,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="KV pool in tokens (default: the config's draft_kv_tokens, which the target sizes)",
     )
+    parser.add_argument(
+        "--target-vocab-size",
+        type=int,
+        default=None,
+        help="the target's logit width: a wider draft never drafts the ids beyond it",
+    )
     parser.add_argument("--parent-pid", type=int, default=os.getppid())
     parser.add_argument("--connect-timeout", type=float, default=60.0)
     args = parser.parse_args(argv)
@@ -104,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if config.draft_vocab:
         draft_vocab.install(model, args.model_path, config.draft_vocab)
+    if args.target_vocab_size:
+        draft_vocab.limit_to_target(model, args.target_vocab_size)
     engine = SpeculatorEngine(model, config)
     try:
         link = SpeculatorLink.connect(

@@ -281,6 +281,48 @@ def install(model: DraftModel, model_path: str | os.PathLike[str], size: int) ->
     return vocab
 
 
+def limit(vocab: DraftVocab | None, vocab_size: int, target_vocab_size: int) -> DraftVocab | None:
+    """`vocab` (None: all `vocab_size` ids of the draft) without the ids >= `target_vocab_size`.
+
+    A draft whose LM head is wider than the target's (e.g. a draft padded to 152,064 rows for a
+    target with 151,936) must never sample an id the target has no logit for: with those ids
+    cut, they get logit -inf before sampling, so q is exactly zero there and the rows that
+    cross to the target (`worker.draft_batch.dense_q`) lose nothing when cut to its width.
+
+    Returns:
+        `vocab` itself when nothing is cut (the target's vocabulary is at least as wide), else
+        the kept ids as a new `DraftVocab` over the same V.
+
+    Raises:
+        ValueError: if `target_vocab_size` < 1 or no kept id is below it.
+    """
+    if target_vocab_size < 1:
+        raise ValueError(f"target vocabulary size must be >= 1, got {target_vocab_size}")
+    if target_vocab_size >= vocab_size:
+        return vocab
+    ids = vocab.ids if vocab is not None else torch.arange(vocab_size, dtype=torch.int64)
+    kept = ids[ids < target_vocab_size]
+    if kept.numel() == 0:
+        raise ValueError(f"no draft id is below the target's vocabulary size {target_vocab_size}")
+    source = vocab.source if vocab is not None else "the whole vocabulary"
+    return DraftVocab(kept, vocab_size, f"{source}; ids >= {target_vocab_size} (target) cut")
+
+
+def limit_to_target(model: DraftModel, target_vocab_size: int) -> DraftVocab | None:
+    """Cut `model`'s vocabulary (`limit`) to the target's `target_vocab_size` ids when the
+    draft's head is wider, and log it; returns the vocabulary in force (None: the whole)."""
+    limited = limit(model.vocab, model.vocab_size, target_vocab_size)
+    if limited is not model.vocab:
+        model.use_vocab(limited)
+        logger.info(
+            "draft vocabulary: the draft has %d ids, the target %d: ids >= %d are never drafted",
+            model.vocab_size,
+            target_vocab_size,
+            target_vocab_size,
+        )
+    return model.vocab
+
+
 def eos_ids_of(*configs: object) -> tuple[int, ...]:
     """The end-of-sequence ids the given configs name (`eos_token_id`: an int, a list or None),
     in order, deduplicated; `DraftModel.eos_token_ids` and `for_model` read them this way."""

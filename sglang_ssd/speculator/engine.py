@@ -36,7 +36,7 @@ from sglang_ssd.speculator.drafting import pad_rows, sample_drafts
 from sglang_ssd.speculator.fanout_plan import FanoutPlan, LiveFanout
 from sglang_ssd.speculator.feeding import feed_committed, feed_tokens
 from sglang_ssd.speculator.prespeculation import prespeculate
-from sglang_ssd.speculator.state import Draft, RequestState
+from sglang_ssd.speculator.state import Draft, RequestState, empty_slots, generator_device
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +74,9 @@ class SpeculatorEngine:
         self._seed_source = torch.Generator().manual_seed(
             seed if seed is not None else int(time.time_ns() & 0x7FFFFFFF)
         )
-        self.random = RandomSpeculator(self.vocab_size, self._new_generator())
+        # Random backup drafts stay below `token_limit` (the target's vocabulary, when smaller)
+        # and are drawn on the CPU: they become a Python list at once.
+        self.random = RandomSpeculator(self.token_limit, self._new_generator(device="cpu"))
         self.live = LiveFanout()
         self.prefill_chunk_tokens = PREFILL_CHUNK_TOKENS
         # Rounds degraded because the KV pool was full: drafts served by a point-mass backup
@@ -100,10 +102,22 @@ class SpeculatorEngine:
         return self.model.phases
 
     # ---------------------------------------------------------------- lifecycle
-    def _new_generator(self, seed: int | None = None) -> torch.Generator:
+    @property
+    def token_limit(self) -> int:
+        """Ids below this are draftable: V, or fewer when the model's vocabulary was cut
+        (`--ssd-draft-vocab`, or the target's smaller vocabulary: `draft_vocab.limit`)."""
+        vocab = self.model.vocab
+        return int(vocab.ids.max()) + 1 if vocab is not None else self.vocab_size
+
+    def _new_generator(
+        self, seed: int | None = None, device: torch.device | str | None = None
+    ) -> torch.Generator:
+        """A draft RNG seeded from `seed` (or the engine's seed source), on `device` (default:
+        where the model's logits are sampled, `generator_device`)."""
         if seed is None:
             seed = int(torch.randint(0, 2**62, (1,), generator=self._seed_source))
-        return torch.Generator().manual_seed(seed ^ 0x5D2A_9E37)
+        where = generator_device(self.model.device) if device is None else torch.device(device)
+        return torch.Generator(device=where).manual_seed(seed ^ 0x5D2A_9E37)
 
     def open(
         self,
@@ -135,6 +149,7 @@ class SpeculatorEngine:
             top_k=int(top_k),
             top_p=float(top_p),
             generator=self._new_generator(seed),
+            slots=empty_slots(self.model.kv_pool.device),
             first_round=first_round,
         )
         self.requests[rid] = state

@@ -9,9 +9,28 @@ held up by a full KV pool) only a prefix is fed: `backlog` tokens before the roo
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
+
+
+def empty_slots(device: torch.device | str) -> torch.Tensor:
+    """int64 [0] on `device`: the slots of a request nothing of which is fed yet (the pool's
+    device, so that feeding appends the pool's slots to it without a device mismatch)."""
+    return torch.empty(0, dtype=torch.int64, device=device)
+
+
+def generator_device(device: torch.device | str) -> torch.device:
+    """Where a draft-sampling generator for logits on `device` must live: `torch.multinomial`
+    on CUDA probabilities takes only a generator of that CUDA device, so a CUDA device (with
+    its index: the current one when none is given) gets its own; every other device (cpu, and
+    meta, which has no generators) samples with a CPU generator."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return torch.device("cpu")
+    if device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 @dataclass
@@ -61,7 +80,9 @@ class RequestState:
         committed: prompt + generated tokens the target has committed (as reported to us).
         temperature / top_k / top_p: the request's sampling parameters (the draft uses them too).
         generator: the draft's own RNG for this request (independent of the target's).
-        slots: int64 [num_fed], KV slots of the fed prefix of `committed + draft.tokens`.
+        slots: int64 [num_fed] on the KV pool's device (`empty_slots`), KV slots of the fed
+            prefix of `committed + draft.tokens`; every slot tensor the pool hands out lives
+            there, and `torch.cat` refuses to mix devices.
         draft: the outstanding draft, if any.
         branches: this round's pre-speculated branches, if built.
         first_round: pre-speculate the round after prefill once the prefill is done (set at
@@ -74,7 +95,7 @@ class RequestState:
     top_k: int
     top_p: float
     generator: torch.Generator
-    slots: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.int64))
+    slots: torch.Tensor
     draft: Draft | None = None
     branches: Branches | None = None
     first_round: bool = False

@@ -2,7 +2,8 @@
 
 Rows may have different draft lengths D_r ≤ γ (a cache hit carries the tree depth D, a backup
 carries γ); `tokens` is padded with -1. Only rows with `has_q` carry q; greedy and point-mass
-rows do not.
+rows do not. `dense_q` lays the speculator's q rows out for the target: on the target's device,
+at the target's vocabulary width.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ class DraftBatch:
     """Drafts of B requests for one round.
 
     Attributes:
-        tokens: int64 [B, Dmax], padded with -1.
-        depth: int64 [B], D_r, the number of valid tokens per row.
-        q: float32 [B, Dmax, V] or None; rows without `has_q` are zeros.
-        has_q: bool [B]; False rows are point masses (n-gram, random) or greedy.
+        tokens: int64 [B, Dmax], padded with -1 (on the CPU).
+        depth: int64 [B], D_r, the number of valid tokens per row (on the CPU).
+        q: float32 [B, Dmax, V] or None, V the target's vocabulary, on the device the target
+            verifies on; rows without `has_q` are zeros.
+        has_q: bool [B] (on the CPU); False rows are point masses (n-gram, random) or greedy.
         sources: per row "cache", "jit", "ngram", "random", "local-ngram" or "plain" (a plain
             round: no draft).
     """
@@ -52,3 +54,49 @@ class DraftBatch:
             raise ValueError("DraftBatch fields disagree on the batch size")
         if self.q is not None and self.q.shape[:2] != self.tokens.shape:
             raise ValueError(f"q {tuple(self.q.shape)} does not match tokens {self.tokens.shape}")
+
+
+def dense_q(
+    q: torch.Tensor,
+    has_q: torch.Tensor,
+    vocab_size: int,
+    device: torch.device | str,
+) -> torch.Tensor:
+    """The q of every row of a batch, as the target's verify takes it.
+
+    The speculator sends q only for the rows that carry one, at the draft's vocabulary width.
+    A narrower draft (e.g. Qwen2.5-0.5B's 151,936 ids for a 7B target's 152,064) is padded
+    with zeros: the draft never drafts those ids, so q is exactly zero there. A wider draft
+    never drafts the ids beyond the target's (`speculator.draft_vocab.limit` gives them logit
+    -inf before sampling), so the columns cut hold no mass; any that do are refused, since
+    verification with them cut would not be exact.
+
+    Args:
+        q: float [n_q, Dmax, V_draft], on any device.
+        has_q: bool [B] with n_q True rows (any device).
+        vocab_size: V, the target's logit width.
+        device: where the target verifies (the returned tensor's device).
+
+    Returns:
+        q.dtype [B, Dmax, V] on `device`; rows without `has_q` are zeros.
+
+    Raises:
+        ValueError: when `has_q` does not count q's rows, or q has mass on ids >= V.
+    """
+    n_q, depth, width = q.shape
+    carried = int(has_q.sum())
+    if carried != n_q:
+        raise ValueError(f"q has {n_q} rows but {carried} drafts carry one")
+    if width > vocab_size:
+        if bool((q[:, :, vocab_size:] != 0).any()):
+            raise ValueError(
+                f"the draft's q has mass on ids >= the target's vocabulary ({vocab_size})"
+            )
+        q = q[:, :, :vocab_size]
+    device = torch.device(device)
+    q = q.to(device)
+    if width < vocab_size:
+        q = torch.nn.functional.pad(q, (0, vocab_size - width))
+    out = torch.zeros(has_q.shape[0], depth, vocab_size, dtype=q.dtype, device=device)
+    out[has_q.to(device=device, dtype=torch.bool)] = q
+    return out

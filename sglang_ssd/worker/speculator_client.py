@@ -23,7 +23,7 @@ import torch
 
 from sglang_ssd.config import SSDConfig, TargetCapacity
 from sglang_ssd.phases import PhaseTimer
-from sglang_ssd.placement import place
+from sglang_ssd.placement import TargetGpus, place
 from sglang_ssd.saguaro import Backup, BackupStats, FallbackPolicy
 from sglang_ssd.saguaro.self_tuning import DepthTuner
 from sglang_ssd.transport import (
@@ -42,7 +42,7 @@ from sglang_ssd.transport import (
     TransportError,
 )
 from sglang_ssd.worker.core_lending import CoreLending
-from sglang_ssd.worker.draft_batch import DraftBatch
+from sglang_ssd.worker.draft_batch import DraftBatch, dense_q
 from sglang_ssd.worker.draft_provider import DraftSupplier, LocalNgramProvider, request_tokens
 from sglang_ssd.worker.round_mode import RoundModePolicy
 from sglang_ssd.worker.supervisor import SpeculatorProcess, Supervisor
@@ -78,8 +78,11 @@ class SpeculatorClient:
     The speculator's KV pool is sized from `capacity`, the target's (`SSDConfig.draft_kv_slots`,
     unless `--ssd-draft-kv-tokens` is given); `config.draft_kv_tokens` holds the size chosen.
 
+    `target_device` is where the target verifies (q is laid out there); `vocab_size` its logit
+    width; `gpus` the server's GPUs on CUDA (`placement.TargetGpus`; default: a lone target).
+
     Raises (constructor): `TransportError` if the speculator does not start; `ValueError` on an
-    impossible CPU placement.
+    impossible placement (CPU split, or a speculator GPU that collides with the target's).
     """
 
     def __init__(
@@ -89,6 +92,7 @@ class SpeculatorClient:
         target_device: str,
         vocab_size: int,
         capacity: TargetCapacity | None = None,
+        gpus: TargetGpus | None = None,
     ) -> None:
         self.capacity = capacity
         self.config = config.replace(draft_kv_tokens=config.draft_kv_slots(capacity))
@@ -99,6 +103,7 @@ class SpeculatorClient:
             capacity,
         )
         self.vocab_size = vocab_size
+        self.target_device = torch.device(target_device)
         self.local: DraftSupplier = LocalNgramProvider(config.lookahead)
         self.policy = default_policy(config)
         self.round_mode = RoundModePolicy(config.plain_rounds)
@@ -119,7 +124,7 @@ class SpeculatorClient:
         self.draft_forwards = 0
         self.build_draft_forwards = 0
         self._lock = threading.Lock()
-        placement = place(config, target_device)
+        placement = place(config, target_device, gpus)
         self.lending = CoreLending(placement.target_cpus, placement.cpus or ())
         self.supervisor = Supervisor(
             lambda: self.config,  # a restarted speculator starts from the live settings
@@ -127,6 +132,7 @@ class SpeculatorClient:
             placement,
             self._lock,
             self._forget,
+            target_vocab_size=vocab_size,
         )
         self.supervisor.start()
 
@@ -278,25 +284,29 @@ class SpeculatorClient:
 
     def _to_batch(self, reqs: Sequence[Any], got: ReceivedDrafts) -> DraftBatch:
         msg, tokens, q = got
-        b = len(reqs)
         depth = torch.tensor([e.depth for e in msg.entries], dtype=torch.int64)
         has_q = torch.tensor([e.has_q for e in msg.entries], dtype=torch.bool)
         sources = [e.source for e in msg.entries]
-        dense_q = None
-        if q is not None:
-            dense_q = torch.zeros(b, tokens.shape[1], self.vocab_size, dtype=q.dtype)
-            dense_q[has_q] = (
-                q[:, :, : self.vocab_size]
-                if q.shape[2] >= self.vocab_size
-                else torch.nn.functional.pad(q, (0, self.vocab_size - q.shape[2]))
-            )
+        # Over NCCL the tensors arrive on the target's GPU; tokens are small bookkeeping
+        # (CPU), q goes where the target verifies (`dense_q`). A device or shape surprise
+        # here is the speculator's fault, not the scheduler's: TransportError, so that the
+        # supervisor restarts the speculator and this round is served by target-side drafts.
+        try:
+            tokens = tokens.cpu()
+            dense = None if q is None else dense_q(q, has_q, self.vocab_size, self.target_device)
+            if dense is not None and dense.shape[1] != tokens.shape[1]:
+                raise ValueError(f"q depth {dense.shape[1]} != draft depth {tokens.shape[1]}")
+            if tokens.numel() and int(tokens.max()) >= self.vocab_size:
+                raise ValueError(f"a draft token is outside the target's {self.vocab_size} ids")
+        except (RuntimeError, ValueError) as exc:
+            raise TransportError(f"unusable drafts from the speculator: {exc}") from exc
         missing = [i for i, e in enumerate(msg.entries) if e.source == "missing"]
         if missing:
             local = self.local.drafts([reqs[i] for i in missing])
             width = max(tokens.shape[1], local.tokens.shape[1])
             tokens = torch.nn.functional.pad(tokens, (0, width - tokens.shape[1]), value=-1)
-            if dense_q is not None:
-                dense_q = torch.nn.functional.pad(dense_q, (0, 0, 0, width - dense_q.shape[1]))
+            if dense is not None:
+                dense = torch.nn.functional.pad(dense, (0, 0, 0, width - dense.shape[1]))
             for j, i in enumerate(missing):
                 tokens[i] = -1
                 tokens[i, : local.tokens.shape[1]] = local.tokens[j]
@@ -311,7 +321,7 @@ class SpeculatorClient:
         self.build_draft_forwards += timing.build_forwards
         self.last_sources = {req.rid: s for req, s in zip(reqs, sources, strict=True)}
         self.last_depths = {req.rid: int(d) for req, d in zip(reqs, depth.tolist(), strict=True)}
-        return DraftBatch(tokens=tokens, depth=depth, q=dense_q, has_q=has_q, sources=sources)
+        return DraftBatch(tokens=tokens, depth=depth, q=dense, has_q=has_q, sources=sources)
 
     @contextlib.contextmanager
     def cores_lent(self) -> Iterator[None]:

@@ -28,6 +28,7 @@ from sglang.srt.speculative.ngram_info import NgramVerifyInput
 from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcache
 
 from sglang_ssd.config import SSDConfig, TargetCapacity
+from sglang_ssd.placement import TargetGpus
 from sglang_ssd.saguaro import SamplingBatch
 from sglang_ssd.worker.draft_batch import DraftBatch
 from sglang_ssd.worker.metrics import RoundTimer, count_request_rounds
@@ -69,6 +70,7 @@ class SSDWorker(BaseSpecWorker):
         self.server_args = server_args
         self._target_worker = target_worker
         self.model_runner = target_worker.model_runner
+        self.gpu_id = gpu_id
         self.device = get_device().device
         spec = get_spec()
         self.speculative_num_steps = spec.speculative_num_steps
@@ -104,11 +106,14 @@ class SSDWorker(BaseSpecWorker):
             self._target_worker.get_memory_pool()
         )
         runner = self.model_runner
+        device = str(self.device)
         self.provider = SpeculatorClient(
             self.config,
             draft_model_path=self.draft_model_path,
-            target_device=str(self.device),
+            # SGLang's device is "cuda" (the scheduler set the current device to its gpu_id).
+            target_device=f"cuda:{self.gpu_id}" if device == "cuda" else device,
             vocab_size=runner.model_config.vocab_size,
+            gpus=TargetGpus.of(self.server_args),
             capacity=TargetCapacity(
                 max_total_tokens=int(runner.max_total_num_tokens),
                 max_running_requests=int(runner.max_running_requests),

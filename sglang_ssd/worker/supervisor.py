@@ -42,7 +42,10 @@ class SpeculatorProcess:
         address: LinkAddress,
         placement: Placement,
         dtype: str = "bfloat16",
+        target_vocab_size: int | None = None,
     ) -> None:
+        """Spawn the speculator; `target_vocab_size` (the target's logit width) keeps a wider
+        draft from drafting ids the target lacks (`draft_vocab.limit`)."""
         cmd = [
             sys.executable,
             "-m",
@@ -60,6 +63,8 @@ class SpeculatorProcess:
             "--parent-pid",
             str(os.getpid()),
         ]
+        if target_vocab_size is not None:
+            cmd += ["--target-vocab-size", str(target_vocab_size)]
         env = dict(os.environ)
         if placement.cpus:
             cmd += ["--cpus", ",".join(map(str, placement.cpus))]
@@ -114,6 +119,7 @@ class Supervisor:
         placement: where the speculator runs.
         lock: the client's lock.
         forget: drops the client's per-request state.
+        target_vocab_size: the target's logit width, passed to every speculator started.
     """
 
     def __init__(
@@ -123,8 +129,10 @@ class Supervisor:
         placement: Placement,
         lock: threading.Lock,
         forget: Callable[[], None],
+        target_vocab_size: int | None = None,
     ) -> None:
         self.config = config
+        self.target_vocab_size = target_vocab_size
         self.model_path = model_path
         self.placement = placement
         self.lock = lock
@@ -151,7 +159,13 @@ class Supervisor:
             backend="nccl" if nccl else "gloo", tensor_timeout_s=config.speculator_timeout
         )
         address = link.start()
-        process = SpeculatorProcess(config, self.model_path, address, self.placement)
+        process = SpeculatorProcess(
+            config,
+            self.model_path,
+            address,
+            self.placement,
+            target_vocab_size=self.target_vocab_size,
+        )
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         try:
             while True:

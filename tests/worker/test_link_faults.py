@@ -75,7 +75,12 @@ class ThreadSpeculator:
     version: ClassVar[int] = PROTOCOL_VERSION  # the protocol version the next speculators speak
 
     def __init__(
-        self, config: SSDConfig, model_path: str, address: LinkAddress, placement: Placement
+        self,
+        config: SSDConfig,
+        model_path: str,
+        address: LinkAddress,
+        placement: Placement,
+        target_vocab_size: int | None = None,
     ) -> None:
         self.pid = 1_000_000 + len(self.started)
         self.proc = SimpleNamespace(returncode=None)
@@ -91,6 +96,8 @@ class ThreadSpeculator:
             "--kv-slots", "4096",
             "--parent-pid", str(os.getppid()),
         ]  # fmt: skip
+        if target_vocab_size is not None:
+            argv += ["--target-vocab-size", str(target_vocab_size)]
         self.thread = threading.Thread(target=self._run, args=(argv,), daemon=True)
         self.started.append(self)
         self.thread.start()

@@ -1,0 +1,90 @@
+"""How the speculator's q rows cross to the target (issue 14, item 1): at the target's vocabulary
+width (zeros padded, or empty columns cut), on the device the target verifies on, and a reply
+that cannot be used is a `TransportError` (the supervisor's fault path), never an error that
+escapes into SGLang's scheduler. "meta" stands in for the target's GPU."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from sglang_ssd.phases import PhaseTimer
+from sglang_ssd.transport import DraftEntry, Drafts, ReceivedDrafts, TransportError
+from sglang_ssd.worker.draft_batch import dense_q
+from sglang_ssd.worker.draft_provider import LocalNgramProvider
+from sglang_ssd.worker.speculator_client import SpeculatorClient
+
+HAS_Q = torch.tensor([True, False, True])
+
+
+def _q(vocab: int, depth: int = 2) -> torch.Tensor:
+    return torch.softmax(torch.randn(2, depth, vocab), dim=-1)
+
+
+def test_a_narrower_draft_is_padded_with_zeros() -> None:
+    q = _q(6)
+    out = dense_q(q, HAS_Q, 8, "cpu")
+    assert out.shape == (3, 2, 8)
+    assert torch.equal(out[0, :, :6], q[0]) and torch.equal(out[2, :, :6], q[1])
+    assert bool((out[:, :, 6:] == 0).all()) and bool((out[1] == 0).all())
+
+
+def test_a_wider_draft_loses_only_empty_columns_and_mass_beyond_is_refused() -> None:
+    q = torch.nn.functional.pad(_q(6), (0, 2))  # the speculator cut ids 6, 7 before sampling
+    assert torch.equal(dense_q(q, HAS_Q, 6, "cpu")[2], q[1, :, :6])
+    q[1, 0, 7] = 1e-3
+    with pytest.raises(ValueError, match="mass on ids >= the target's vocabulary"):
+        dense_q(q, HAS_Q, 6, "cpu")
+    with pytest.raises(ValueError, match="2 rows but 1"):
+        dense_q(q, torch.tensor([True, False]), 6, "cpu")
+
+
+def test_q_lands_on_the_target_device() -> None:
+    out = dense_q(_q(8), HAS_Q, 8, "meta")
+    assert out.device == torch.device("meta") and out.shape == (3, 2, 8)
+
+
+def _client(vocab: int, device: str) -> SpeculatorClient:
+    """A client without a speculator process: only what `_to_batch` reads."""
+    client = object.__new__(SpeculatorClient)
+    client.vocab_size = vocab
+    client.target_device = torch.device(device)
+    client.local = LocalNgramProvider(2)
+    client.opened = {}
+    client.speculator_phases = PhaseTimer()
+    client.drafts_received = client.draft_forwards = client.build_draft_forwards = 0
+    return client
+
+
+def _reply(tokens: torch.Tensor, q: torch.Tensor | None, vocab: int) -> ReceivedDrafts:
+    entries = [
+        DraftEntry(rid=f"r{i}", source="jit", depth=2, has_q=bool(h)) for i, h in enumerate(HAS_Q)
+    ]
+    msg = Drafts(step_id=1, entries=entries, max_depth=2, vocab_size=vocab)
+    return ReceivedDrafts(msg, tokens, q)
+
+
+REQS = [SimpleNamespace(rid=f"r{i}") for i in range(3)]
+
+
+def test_the_client_puts_q_on_the_target_device_and_tokens_on_the_cpu() -> None:
+    tokens = torch.tensor([[1, 2], [3, 4], [5, 6]])
+    batch = _client(8, "meta")._to_batch(REQS, _reply(tokens, _q(6), 6))
+    assert batch.q is not None and batch.q.device == torch.device("meta")
+    assert batch.q.shape == (3, 2, 8) and batch.tokens.device == torch.device("cpu")
+
+
+@pytest.mark.parametrize("case", ["mass beyond", "token beyond", "depth"])
+def test_unusable_drafts_are_transport_errors(case: str) -> None:
+    tokens = torch.tensor([[1, 2], [3, 4], [5, 6]])
+    q = torch.nn.functional.pad(_q(6), (0, 2))
+    if case == "mass beyond":
+        q[0, 1, 7] = 0.5
+    elif case == "token beyond":
+        tokens[1, 1] = 7
+    else:
+        q = q[:, :1]
+    with pytest.raises(TransportError, match="unusable drafts"):
+        _client(6, "cpu")._to_batch(REQS, _reply(tokens, q, 8))
