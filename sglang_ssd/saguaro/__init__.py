@@ -12,6 +12,7 @@ from .fallback import Backup, BackupStats, FallbackPolicy
 from .fanout import fit_hit_counts, fit_hit_model, geometric_fanout, hit_rate, uniform_fanout
 from .sampling import SamplingBatch, apply_sampling, saguaro_probs, top_m_from_fanout
 from .speedup import expected_speedup
+from .uniforms import VerifyUniforms
 from .verify import VerifyResult, verify
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "SparseProbs",
     "SpeculationCache",
     "VerifyResult",
+    "VerifyUniforms",
     "alpha_from_accept_length",
     "apply_sampling",
     "expected_accept_length",

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from .sampling import SamplingBatch, apply_sampling
+from .uniforms import VerifyUniforms
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ def verify(
     sampling: SamplingBatch,
     point_mass: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
+    uniforms: VerifyUniforms | None = None,
 ) -> VerifyResult:
     """Verify D draft tokens per request against the target, exactly.
 
@@ -64,6 +66,10 @@ def verify(
             (n-gram, random or greedy backup) and their `draft_probs` rows are ignored.
         generator: torch.Generator on the logits' device, or None for the global RNG. The
             draft's randomness must be independent of this one (DESIGN.md section 1).
+        uniforms: the acceptance and bonus uniforms (`VerifyUniforms`: accept float [B, D],
+            bonus float64 [B]) instead of draws from `generator`, which is then unused; CUDA
+            and CPU given the same uniforms emit the same tokens up to rounding ties. None:
+            drawn from `generator`, exactly as without this argument.
 
     Returns:
         VerifyResult on the logits' device.
@@ -74,6 +80,8 @@ def verify(
     Source: DESIGN.md section 1 (exactness rules); paper section 3 (SSD keeps SD's verifier).
     """
     batch, depth, _ = _check_inputs(target_logits, draft_tokens, draft_probs, sampling, point_mass)
+    if uniforms is not None:
+        uniforms.check(batch, depth)
     device = target_logits.device
     sampling = sampling.to(device)
     greedy = sampling.is_greedy
@@ -97,6 +105,7 @@ def verify(
             sampling.select(rows),
             point_mass[rows],
             generator,
+            None if uniforms is None else uniforms.select(rows),
         )
 
     emitted = torch.full((batch, depth + 1), -1, dtype=torch.int64, device=device)
@@ -130,8 +139,10 @@ def _verify_sampled(
     sampling: SamplingBatch,
     point_mass: torch.Tensor,
     generator: torch.Generator | None,
+    uniforms: VerifyUniforms | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Non-greedy rows: ratio acceptance, then the bonus from the residual (or p at D + 1)."""
+    """Non-greedy rows: ratio acceptance, then the bonus from the residual (or p at D + 1);
+    the uniforms come from `uniforms` when given, else from `generator`."""
     batch, depth = draft_tokens.shape
     device = logits.device
     p = apply_sampling(logits, sampling)  # [N, D + 1, V], float32/64
@@ -142,7 +153,10 @@ def _verify_sampled(
         if draft_probs is not None:
             sampled_q_x = draft_probs.gather(2, draft_tokens.unsqueeze(2)).squeeze(2)
             q_x = torch.where(point_mass.unsqueeze(1), q_x, sampled_q_x.to(p.dtype))
-        u = torch.rand(p_x.shape, generator=generator, device=device, dtype=p.dtype)
+        if uniforms is None:
+            u = torch.rand(p_x.shape, generator=generator, device=device, dtype=p.dtype)
+        else:
+            u = uniforms.accept.to(device=device, dtype=p.dtype)
         # u * q < p  <=>  u < p / q: accept with prob min(1, p(x) / q(x)), no division by q.
         accepted = u * q_x < p_x
         accept_len = accepted.to(torch.int64).cumprod(dim=1).sum(dim=1)
@@ -162,11 +176,16 @@ def _verify_sampled(
         empty = (residual.sum(dim=1) <= 0).nonzero().squeeze(1)
         if empty.numel() > 0:
             residual[empty] = p[empty, accept_len[empty]]
-    return accept_len, _sample_rows(residual, generator)
+    bonus_u = None if uniforms is None else uniforms.bonus.to(device=device).unsqueeze(1)
+    return accept_len, _sample_rows(residual, generator, bonus_u)
 
 
-def _sample_rows(weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+def _sample_rows(
+    weights: torch.Tensor, generator: torch.Generator | None, u: torch.Tensor | None = None
+) -> torch.Tensor:
     """One index per row of non-negative weights [N, V] (unnormalised), by inverse CDF.
+
+    `u`: float64 [N, 1] uniforms in [0, 1), or None to draw them from `generator`.
 
     Two levels, both accumulated in float64 (a float32 cumsum over V = 151,936 drifts by ~1e-5):
     block sums pick a block of min(`_BLOCK`, V) tokens, a cumsum inside it picks the token.
@@ -182,7 +201,8 @@ def _sample_rows(weights: torch.Tensor, generator: torch.Generator | None) -> to
         sums.append(weights[:, full:].sum(dim=1, keepdim=True, dtype=torch.float64))
     cdf = torch.cat(sums, dim=1).cumsum(dim=1)  # [N, blocks]
     total = cdf[:, -1:].contiguous()
-    u = torch.rand(total.shape, generator=generator, device=weights.device, dtype=torch.float64)
+    if u is None:
+        u = torch.rand(total.shape, generator=generator, device=weights.device, dtype=torch.float64)
     target = u * total
     last = torch.searchsorted(cdf, total, right=False)  # the last block with positive weight
     block = torch.minimum(torch.searchsorted(cdf, target, right=True), last)  # [N, 1]
