@@ -3,7 +3,9 @@
 The GPU machine has torch, transformers, triton and pytest but none of those packages, and
 nothing installed (DESIGN.md section 3); a GPU check that imports them, or a conftest above
 tests/gpu that does, would only fail there. This runs the real Makefile target, collection only,
-with a `sitecustomize` that makes the three packages, and tests/conftest.py, unimportable.
+with a `sitecustomize` that makes the three packages, and tests/conftest.py, unimportable; and
+the device script's timing module (`eval.gpu_model`, scripts/gpu_check.sh) must import there too.
+No GPU check may set TRITON_INTERPRET (it would run SGLang's Triton kernels on the CPU).
 """
 
 from __future__ import annotations
@@ -40,3 +42,17 @@ def test_gpu_checks_collect_without_sglang(tmp_path: Path) -> None:
     assert done.returncode == 0, output
     for module in sorted((ROOT / "tests" / "gpu").glob("test_*.py")):
         assert f"{module.name}::" in output, f"nothing collected from {module.name}:\n{output}"
+
+
+def test_device_script_imports_without_sglang(tmp_path: Path) -> None:
+    (tmp_path / "sitecustomize.py").write_text(
+        f"import sys\nsys.modules.update(dict.fromkeys({BLOCKED!r}))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT / "kernels")]))
+    probe = subprocess.run(
+        [sys.executable, "-c", "import eval.gpu_model, sglang_ssd.speculator.engine"],
+        cwd=ROOT, env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert probe.returncode == 0, probe.stderr
+    for path in sorted((ROOT / "tests" / "gpu").glob("*.py")):
+        assert "TRITON_INTERPRET" not in path.read_text(), f"{path.name} sets TRITON_INTERPRET"
