@@ -10,7 +10,7 @@ INSTALL_INPUTS := scripts/install.sh scripts/install_placeholders.py scripts/app
 SERVE_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install models serve test test-unit lint bench bench-quick gpu-check clean
+.PHONY: install models serve test test-unit lint bench bench-quick gpu-check gpu-run clean
 
 install: $(STAMP)
 
@@ -47,6 +47,10 @@ bench-quick: models
 gpu-check:
 	$(PYTHON) -m pytest -c tests/gpu/pytest.ini --confcutdir=tests/gpu tests/gpu -m gpu \
 		--durations=0 $(PYTEST_ARGS)
+
+# The one device script: the GPU checks (<= 3 min), then eval.gpu_model's timings, all to $OUT.
+gpu-run:
+	PYTHON=$(PYTHON) bash scripts/gpu_check.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
