@@ -102,12 +102,14 @@ def _add_admin_routes(*args: Any, **kwargs: Any) -> None:
 
 # ------------------------------------------------------------------ scheduler process
 def _start_admin_server(result: Any, scheduler: Any, *args: Any, **kwargs: Any) -> None:
-    """Once the scheduler has built its SSD worker, serve the admin bridge for it."""
+    """Once the scheduler has built its SSD worker, serve the admin bridge for it (on the rank
+    that drives the speculator: with `--tp-size` > 1 TP rank 0, whose settings and stats the
+    others follow; one socket per server)."""
     from sglang_ssd.worker.ssd_worker import SSDWorker
 
     worker = getattr(scheduler, "draft_worker", None)
     port_args = kwargs.get("port_args", args[1] if len(args) > 1 else None)
-    if isinstance(worker, SSDWorker) and port_args is not None:
+    if isinstance(worker, SSDWorker) and worker.leads and port_args is not None:
         scheduler.ssd_admin_server = admin.start_admin_server(worker, port_args, scheduler)
 
 

@@ -184,7 +184,9 @@ def report_decode_stats(original: Callable[..., Any], reporter: Any, *args: Any,
     worker = getattr(reporter.scheduler, "draft_worker", None)
     timer = getattr(worker, "timer", None)
     due = reporter.forward_ct_decode % reporter.decode_log_interval == 0
-    if timer is None or not due or not is_ssd(reporter.scheduler.spec_algorithm):
+    # TP ranks other than 0 hold no speculator client (`SSDWorker.leads`): SGLang's own report.
+    leads = getattr(worker, "provider", None) is not None
+    if timer is None or not due or not leads or not is_ssd(reporter.scheduler.spec_algorithm):
         return original(reporter, *args, **kwargs)
     if _state is None:
         _state = DecodeReportState()

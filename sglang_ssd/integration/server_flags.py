@@ -197,11 +197,22 @@ FLAGS: tuple[FlagRule, ...] = (
         lambda cfg: bool(_get(cfg, "enable_deterministic_inference")),
     ),
     FlagRule(
-        "`--tp-size`, `--pp-size`, `--dp-size` > 1",
+        "`--tp-size` > 1",
+        True,
+        "one speculator per TP group, driven by TP rank 0: it plans each round (mode, drafts, "
+        "fallbacks) and verifies, and broadcasts the drafts and the verify outcome over the TP "
+        "group's CPU group (`worker/tp_sync.py`); tested with two gloo ranks, not yet served "
+        "end to end here",
+        "tests/worker/test_tp_sync.py",
+    ),
+    FlagRule(
+        "`--pp-size`, `--dp-size`, `--nnodes` > 1",
         False,
-        "SSD supports one target rank (issue 14)",
+        "SSD's rounds are not split across pipeline stages; each DP replica would need its own "
+        "speculator on its own GPU or cores, and its own admin socket, which startup does not "
+        "place yet; the speculator's GPU is placed and checked on one node (issue 14)",
         _REFUSAL_TEST,
-        lambda cfg: any((_get(cfg, n) or 1) != 1 for n in ("tp_size", "pp_size", "dp_size")),
+        lambda cfg: any((_get(cfg, n) or 1) != 1 for n in ("pp_size", "dp_size", "nnodes")),
     ),
 )
 

@@ -6,6 +6,9 @@ TARGET_VERIFY forward of the target over γ + 1 chain positions, verify with
 `sglang_ssd.saguaro.verify` only (never SGLang's EAGLE verify, which is greedy on CPU), and
 hand SGLang's spec-v2 scheduler the accepted tokens; the outcomes go to the speculator with
 the next round's request. Prefill batches run the target as usual.
+
+With `--tp-size N` only TP rank 0 holds the `SpeculatorClient` (one speculator per TP group):
+it plans each round and verifies, and the other ranks follow its broadcasts (`tp_sync`).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
-from sglang.srt.runtime_context import get_device, get_spec
+from sglang.srt.runtime_context import get_device, get_parallel, get_spec
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.ngram_info import NgramVerifyInput
@@ -35,6 +38,7 @@ from sglang_ssd.worker.metrics import RoundTimer, count_request_rounds
 from sglang_ssd.worker.request_options import shape_verify_logits
 from sglang_ssd.worker.round_mode import RoundMode, record_request_tokens, request_accept_length
 from sglang_ssd.worker.speculator_client import SpeculatorClient
+from sglang_ssd.worker.tp_sync import RoundPlan, TpGroup, share_outcome, share_plan
 from sglang_ssd.worker.verify_step import VerifiedBatch, verify_batch, verify_tokens
 
 logger = logging.getLogger(__name__)
@@ -86,9 +90,10 @@ class SSDWorker(BaseSpecWorker):
         seed = server_args.random_seed if server_args.random_seed is not None else 0
         self.generator = torch.Generator(device=self.device).manual_seed(seed + 7919)
         self.draft_model_path = spec.speculative_draft_model_path
+        self.tp = _tp_group()  # None with one TP rank: no broadcasts at all
         # Started by `alloc_memory_pool`, once the target's capacity (which sizes the
-        # speculator's KV pool) is known.
-        self.provider: SpeculatorClient
+        # speculator's KV pool) is known; None on TP ranks other than 0 (they follow rank 0).
+        self.provider: SpeculatorClient | None = None
         self.timer = RoundTimer()  # speculative rounds
         self.plain_timer = RoundTimer()  # plain rounds (no draft, cores lent)
         self._last_decode_end: float | None = None
@@ -100,11 +105,19 @@ class SSDWorker(BaseSpecWorker):
     def draft_worker(self) -> None:
         return None
 
+    @property
+    def leads(self) -> bool:
+        """Whether this rank drives the speculator (the only rank, or TP rank 0)."""
+        return self.tp is None or self.tp.leader
+
     def alloc_memory_pool(self, **kwargs: Any) -> None:
-        """Share the target's pools, then start the speculator sized from the target's."""
+        """Share the target's pools, then (on the leading rank only) start the speculator sized
+        from the target's."""
         self.req_to_token_pool, self.token_to_kv_pool_allocator = (
             self._target_worker.get_memory_pool()
         )
+        if not self.leads:
+            return
         runner = self.model_runner
         device = str(self.device)
         self.provider = SpeculatorClient(
@@ -122,10 +135,12 @@ class SSDWorker(BaseSpecWorker):
         )
 
     def clear_cache_pool(self) -> None:
-        self.provider.reset()
+        if self.provider is not None:
+            self.provider.reset()
 
     def note_request_finished(self, *, rid: str, natural_stop: bool) -> None:
-        self.provider.close(rid)
+        if self.provider is not None:
+            self.provider.close(rid)
 
     # ------------------------------------------------------------ forward
     def forward_batch_generation(
@@ -137,8 +152,10 @@ class SSDWorker(BaseSpecWorker):
 
     def _extend(self, batch: ScheduleBatch, on_publish: Any) -> GenerationBatchResult:
         self._last_decode_end = None  # the gap to the next decode round holds this prefill
-        self.provider.prepare(batch.reqs)
-        with self._cores(self.provider.round_mode.plain_now):
+        provider = self.provider
+        if provider is not None:
+            provider.prepare(batch.reqs)
+        with self._cores(provider is not None and provider.round_mode.plain_now):
             result = self._target_worker.forward_batch_generation(batch)
         bs = len(batch.reqs)
         predict = result.next_token_ids
@@ -170,16 +187,13 @@ class SSDWorker(BaseSpecWorker):
         if self._last_decode_end is not None:
             self._gap_s = t_start - self._last_decode_end
         bs = len(batch.reqs)
-        mode = self.provider.round_mode.choose(
-            [_tokens_left(req) for req in batch.reqs],
-            [request_accept_length(req) for req in batch.reqs],
-        )
+        plan = self._plan(batch)
+        mode, drafts = plan.mode, plan.drafts
         plain = mode == RoundMode.PLAIN
         timer = self.plain_timer if plain else self.timer
         phases = timer.phases
         if self._last_decode_end is not None:
             phases.add("scheduler", self._gap_s)
-        drafts = DraftBatch.plain(bs) if plain else self.provider.drafts(batch.reqs)
         width = 1 if plain else self.width
         t_drafts = time.perf_counter()
         phases.add("wait_draft", t_drafts - t_start)
@@ -191,13 +205,7 @@ class SSDWorker(BaseSpecWorker):
         t_forward = time.perf_counter()
         with phases.phase("verify"):
             shape_verify_logits(batch, logits_output.next_token_logits, verify_ids, drafts.tokens)
-            verified = verify_batch(
-                logits_output.next_token_logits,
-                drafts,
-                _sampling_of(batch),
-                width,
-                self.generator,
-            )
+            verified = self._verify(batch, logits_output.next_token_logits, drafts, width)
         with phases.phase("commit"):
             accept_lens, accept_index, predict = self._commit(batch, logits_output, verified)
             new_seq_lens = seq_lens + accept_lens
@@ -221,6 +229,46 @@ class SSDWorker(BaseSpecWorker):
             can_run_cuda_graph=False,
         )
 
+    def _plan(self, batch: ScheduleBatch) -> RoundPlan:
+        """The round's mode and drafts: decided here with one rank; with TP, on rank 0 and
+        broadcast (`tp_sync.share_plan`), so every rank forwards the same tokens."""
+        if self.tp is None:
+            return self._decide(batch)
+        return share_plan(
+            self.tp, len(batch.reqs), self.speculative_num_steps, lambda: self._decide(batch)
+        )
+
+    def _decide(self, batch: ScheduleBatch) -> RoundPlan:
+        """The leading rank's plan: `RoundModePolicy`'s mode, then the speculator client's
+        drafts (its own n-gram drafts after a timeout or fault), none in a plain round.
+
+        Raises:
+            RuntimeError: on a rank without the speculator client (a follower plans nothing).
+        """
+        provider = self.provider
+        if provider is None:
+            raise RuntimeError("only the leading TP rank plans SSD rounds")
+        mode = provider.round_mode.choose(
+            [_tokens_left(req) for req in batch.reqs],
+            [request_accept_length(req) for req in batch.reqs],
+        )
+        if mode == RoundMode.PLAIN:
+            return RoundPlan(mode, DraftBatch.plain(len(batch.reqs)))
+        return RoundPlan(mode, provider.drafts(batch.reqs))
+
+    def _verify(
+        self, batch: ScheduleBatch, logits: torch.Tensor, drafts: DraftBatch, width: int
+    ) -> VerifiedBatch:
+        """`verify_batch` here with one rank; with TP on rank 0 only, its outcome broadcast
+        (`tp_sync.share_outcome`), so every rank commits the same tokens."""
+
+        def verify() -> VerifiedBatch:
+            return verify_batch(logits, drafts, _sampling_of(batch), width, self.generator)
+
+        if self.tp is None:
+            return verify()
+        return share_outcome(self.tp, drafts, width, verify)
+
     def _measure_round(
         self, batch: ScheduleBatch, mode: RoundMode, verified: VerifiedBatch, round_s: float
     ) -> None:
@@ -230,15 +278,19 @@ class SSDWorker(BaseSpecWorker):
         self._last_mode = mode
         if cold:
             return
-        self.provider.round_mode.observe(mode, len(batch.reqs), round_s)
+        if self.provider is not None:
+            self.provider.round_mode.observe(mode, len(batch.reqs), round_s)
         if mode == RoundMode.SPECULATE:
             for req, k in zip(batch.reqs, verified.accept_len.tolist(), strict=True):
                 record_request_tokens(req, k + 1)
 
     def _cores(self, plain: bool) -> contextlib.AbstractContextManager[None]:
         """A plain round's forward runs on the speculator's cores too (`cores_lent`), and so
-        does a prefill while plain rounds are the mode in use."""
-        return self.provider.cores_lent() if plain else contextlib.nullcontext()
+        does a prefill while plain rounds are the mode in use (on the leading rank: the
+        speculator runs beside it)."""
+        if plain and self.provider is not None:
+            return self.provider.cores_lent()
+        return contextlib.nullcontext()
 
     def _build_verify_batch(
         self, batch: ScheduleBatch, drafts: DraftBatch, width: int
@@ -308,7 +360,7 @@ class SSDWorker(BaseSpecWorker):
         it with the next Step), the round's timers and per-request source counts; `times` are
         perf_counter seconds at the round's start, drafts in hand, forward done."""
         t_start, t_drafts, t_forward = times
-        if timer is self.timer:
+        if timer is self.timer and self.provider is not None:
             self.provider.record_outcomes(
                 [req.rid for req in batch.reqs],
                 verified.accept_len.tolist(),
@@ -350,6 +402,15 @@ class SSDWorker(BaseSpecWorker):
             ),
             speculative_num_draft_tokens=self.width,
         )
+
+
+def _tp_group() -> TpGroup | None:
+    """The target's TP group (its CPU group: SGLang's `tp_group.cpu_group`), None with one
+    rank."""
+    group = get_parallel().tp_group
+    if group.world_size == 1:
+        return None
+    return TpGroup(group=group.cpu_group, rank=group.rank_in_group, size=group.world_size)
 
 
 def _tokens_left(req: Any) -> int:

@@ -102,10 +102,27 @@ def verify_batch(
         )
         accept_len[rows] = result.accept_len.cpu()
         bonus[rows] = result.bonus_token.cpu()
+    return chain_layout(drafts.tokens, accept_len, bonus, width)
 
+
+def chain_layout(
+    draft_tokens: torch.Tensor, accept_len: torch.Tensor, bonus: torch.Tensor, width: int
+) -> VerifiedBatch:
+    """Lay out a verified round (k, t* per row) the way SGLang's spec-v2 scheduler commits it.
+
+    A pure function of the drafts and the outcome, so every TP rank that holds both builds the
+    same `VerifiedBatch` (`tp_sync.share_outcome`).
+
+    Args:
+        draft_tokens: int64 [B, Dmax] (CPU), the round's drafts, -1 padded, Dmax ≤ W - 1.
+        accept_len: int64 [B] (CPU), k ≤ D_r.
+        bonus: int64 [B] (CPU), t*.
+        width: W = γ + 1.
+    """
+    b = draft_tokens.shape[0]
     cols = torch.arange(width).unsqueeze(0)
     padded = torch.zeros(b, width, dtype=torch.int64)
-    padded[:, : drafts.tokens.shape[1]] = drafts.tokens.clamp(min=0)
+    padded[:, : draft_tokens.shape[1]] = draft_tokens.clamp(min=0)
     predict = torch.where(cols < accept_len.unsqueeze(1), padded, 0)
     predict.scatter_(1, accept_len.unsqueeze(1), bonus.unsqueeze(1))
     base = torch.arange(b).unsqueeze(1) * width
