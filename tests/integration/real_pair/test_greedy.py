@@ -3,10 +3,9 @@
 1. SGLang on this CPU (AR, our `sgl_kernel` shim, intel_amx backend) reproduces transformers'
    greedy output from the same bf16 weights: `TRANSFORMERS_PROMPTS` HumanEval prompt ×
    `AR_TOKENS` tokens.
-2. SSD reproduces AR's greedy output: 2 prompts × `SSD_TOKENS` tokens, and it really
-   speculates: the
-   speculator is a separate process on disjoint cores, the cache hit rate is > 0 and the accept
-   length is > 2.
+2. SSD reproduces AR's greedy output: `PROMPTS` prompts × `SSD_TOKENS` tokens, and it really
+   speculates: the speculator is a separate process on disjoint cores, the cache hit rate is
+   > 0 and the accept length is > 2.
 Both under DESIGN.md §1's rule: a divergence is allowed only where the target's fp32 top-2 margin
 is below ε = `DEFAULT_MARGIN_EPS`; such positions are printed. After one, SSD's check goes on
 teacher-forced (AR continues from SSD's prefix), so all of SSD's tokens are checked.
