@@ -50,7 +50,7 @@ NON_ASCII = (
 )
 REPEATED = "def fibonacci(n):\n    "
 CLOSED_STREAMS = 8
-NON_ASCII_TOKENS = 16
+NON_ASCII_TOKENS = 12
 REPEATED_TOKENS = 24
 SETTLE_TIMEOUT_S = 60  # a hang guard, not a speed claim
 
