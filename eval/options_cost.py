@@ -62,6 +62,15 @@ def _side(results: list[client.RequestResult]) -> dict[str, Any]:
     }
 
 
+def params_for(name: str, max_new_tokens: int) -> dict[str, Any]:
+    """`OPTIONS[name]`, with `min_new_tokens` at most 3/4 of `max_new_tokens` (SGLang answers
+    HTTP 400 to a minimum above the maximum; the default 64 keeps 48)."""
+    params = dict(OPTIONS[name])
+    if "min_new_tokens" in params:
+        params["min_new_tokens"] = min(params["min_new_tokens"], max_new_tokens * 3 // 4)
+    return params
+
+
 def run(prompts: int, max_new_tokens: int, only: list[str]) -> dict[str, Any]:
     """Measure every option in `only` (all when empty); returns the results document."""
     target, draft = model_path(TARGET_MODEL, pull=True), model_path(DRAFT_MODEL, pull=True)
@@ -84,9 +93,8 @@ def run(prompts: int, max_new_tokens: int, only: list[str]) -> dict[str, Any]:
     with Server("ssd-options", [*args, "--speculative-algorithm", "SSD"], log_path=log) as server:
         bar = tqdm(total=len(names) * len(chosen) * 2, desc="options", unit="req")
         for name in names:
-            shaped = Sampling.of(
-                0.0, max_new_tokens=max_new_tokens, options=json.dumps(OPTIONS[name])
-            )
+            params = params_for(name, max_new_tokens)
+            shaped = Sampling.of(0.0, max_new_tokens=max_new_tokens, options=json.dumps(params))
             runs: dict[str, list[client.RequestResult]] = {"with": [], "without": []}
             for i, prompt in enumerate(chosen):
                 order = [("with", shaped), ("without", plain)]
@@ -102,7 +110,7 @@ def run(prompts: int, max_new_tokens: int, only: list[str]) -> dict[str, Any]:
             }
             with_, without = _side(runs["with"]), _side(runs["without"])
             doc["options"][name] = {
-                "params": OPTIONS[name],
+                "params": params,
                 "with": with_,
                 "without": without,
                 "ratio": with_["tok_per_s"] / without["tok_per_s"],

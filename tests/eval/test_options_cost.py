@@ -23,3 +23,11 @@ def test_side_sums_tokens_over_seconds_and_averages_meta() -> None:
 @pytest.mark.parametrize("name", list(options_cost.OPTIONS))
 def test_each_measured_option_is_served(name: str) -> None:
     assert request_checks.sampling_refusal(options_cost.OPTIONS[name]) is None
+
+
+def test_min_new_tokens_stays_below_the_maximum() -> None:
+    from eval.options_cost import OPTIONS, params_for
+
+    assert params_for("min_new_tokens", 64) == {"min_new_tokens": 48}
+    assert params_for("min_new_tokens", 32) == {"min_new_tokens": 24}
+    assert params_for("regex", 32) == OPTIONS["regex"]
