@@ -1,0 +1,79 @@
+"""SSD with a tensor-parallel target (`--tp-size 2`) served end to end on CPU: one speculator
+for the TP group, driven by rank 0, and greedy output equal to the AR server with the same
+`--tp-size` (the same TP layout, so the same reduction order).
+
+SGLang's CPU engine runs `--tp-size 2` on 2 cores with `SGLANG_CPU_OMP_THREADS_BIND="0|1"`
+(one core per rank); the speculator shares rank 1's core, which costs speed, not correctness.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+from pathlib import Path
+
+import psutil
+import pytest
+import requests
+from pair_servers import TINY_FLAGS, started
+
+from eval.servers import Server
+
+PROMPTS = ["def add(a, b):", "The quick brown fox", "for i in range(10):", "class Stack:"]
+pytestmark = pytest.mark.integration
+TP_ENV = {"SGLANG_CPU_OMP_THREADS_BIND": "0|1", "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def servers(tiny_target: Path, tiny_draft: Path, tmp_path_factory: pytest.TempPathFactory):
+    logs = tmp_path_factory.mktemp("tp-logs")
+    common = ["--model-path", str(tiny_target), *TINY_FLAGS, "--tp-size", "2"]
+    spec = ["--speculative-algorithm", "SSD", "--speculative-draft-model-path", str(tiny_draft)]
+    made = {
+        "ar": Server(
+            "ar-tp2",
+            [*common, "--speculative-algorithm", "NONE"],
+            env=TP_ENV,
+            log_path=logs / "ar.log",
+        ),
+        "ssd": Server("ssd-tp2", [*common, *spec], env=TP_ENV, log_path=logs / "ssd.log"),
+    }
+    with started(made):
+        yield made
+
+
+def _generate(server: Server, prompt: str, max_new_tokens: int, **sampling) -> dict:
+    body = {
+        "text": prompt,
+        "sampling_params": {"max_new_tokens": max_new_tokens, **sampling},
+    }
+    response = requests.post(f"{server.url}/generate", json=body, timeout=300)
+    response.raise_for_status()
+    return response.json()
+
+
+def _outputs(server: Server, **sampling) -> list[list[int]]:
+    """Every prompt sent at once (one batch), greedy unless `sampling` says otherwise."""
+    with cf.ThreadPoolExecutor(len(PROMPTS)) as pool:
+        done = pool.map(lambda p: _generate(server, p, 24, temperature=0, **sampling), PROMPTS)
+        return [out["output_ids"] for out in done]
+
+
+def test_tp2_greedy_equals_ar_tp2(servers):
+    assert _outputs(servers["ssd"]) == _outputs(servers["ar"])
+    stats = requests.get(f"{servers['ssd'].url}/ssd/stats", timeout=30).json()
+    # It really speculated across the TP group: drafts were accepted, some from the cache.
+    assert stats["rounds"] > 0 and stats["accept_length"] > 1.0
+    assert stats["rounds_by_source"].get("cache", 0) > 0
+
+
+def test_tp2_sampling_runs_to_max_tokens(servers):
+    # T > 0: rank 0 verifies with its uniforms and broadcasts the outcome; rank 1 commits it.
+    out = _generate(servers["ssd"], "hello", 20, temperature=0.8, ignore_eos=True)
+    assert out["meta_info"]["completion_tokens"] == 20
+
+
+def test_one_speculator_for_the_tp_group_under_rank_0(servers):
+    children = psutil.Process(servers["ssd"].proc.pid).children(recursive=True)
+    speculators = [p for p in children if "sglang_ssd.speculator" in " ".join(p.cmdline())]
+    assert len(speculators) == 1
+    assert "TP0" in speculators[0].parent().name()
