@@ -1,0 +1,112 @@
+"""Our EAGLE-3 trainer on the tiny pair's target: it learns the target (≥ 20 points of top-1
+agreement over an untrained head on held-out text), the training-time-test layout is what
+drafting does, and a run resumes where it stopped."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from sglang_ssd.eagle3 import build, evaluate, load, train, ttt
+from sglang_ssd.eagle3.target_pass import target_pass
+from sglang_ssd.testing.corpus import tiny_corpus
+from sglang_ssd.testing.tiny_models import tokenize
+
+AUX = (-1, 0)  # the tiny target has 2 layers: features = embeddings and layer 1's input
+
+
+@pytest.fixture(scope="module")
+def target(tiny_target: Path) -> torch.nn.Module:
+    model = AutoModelForCausalLM.from_pretrained(tiny_target, dtype=torch.float32).eval()
+    return model.requires_grad_(False)
+
+
+def _texts(n: int, seed: int = 100) -> list[tuple[str, str]]:
+    return [(f"tiny-{seed + i}", tiny_corpus(num_chars=4000, seed=seed + i)) for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def built(tiny_target: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("head") / "eagle3-tiny"
+    spec = build.BuildSpec(
+        minutes=0.6, draft_vocab=64, seq_len=128, heldout_chars=8000, aux_layer_ids=AUX,
+        milestones=(0.15,), train=train.TrainSpec(lr=3e-3, warmup=10),
+    )  # fmt: skip
+    return out, build.build(tiny_target, out, spec, texts=_texts(12), progress=False)
+
+
+def test_trained_head_beats_untrained_by_20_points(built) -> None:
+    _, manifest = built
+    gain = manifest["final"]["top1_agreement"] - manifest["untrained"]["top1_agreement"]
+    assert gain >= 0.20, manifest["final"]
+    assert manifest["final"]["accept_length"] > 1.2
+    assert manifest["steps"] > 20 and manifest["learning_curve"]
+
+
+def test_manifest_and_folder(built) -> None:
+    out, manifest = built
+    assert json.loads((out / build.MANIFEST).read_text())["weights_sha256"] == (
+        manifest["weights_sha256"]
+    )
+    assert manifest["aux_layer_ids"] == list(AUX)
+    assert manifest["data"]["corpus"]["tokens"] > 10_000
+    head = load.load_head(out)  # strict: every tensor of the file used, every parameter set
+    assert head.config.aux_layer_ids == AUX and head.config.draft_vocab_size == 65  # + EOS
+
+
+def test_ttt_layout_is_what_drafting_does(target: torch.nn.Module) -> None:
+    """The parallel chains of `evaluate.chain_drafts` (the training-time-test mask) equal
+    drafting one chain token by token with a KV cache, after several prefixes."""
+    head = train.new_head(target, None, AUX, seed=3).eval()
+    ids = torch.tensor([tokenize(tiny_corpus(num_chars=200, seed=5))[:40]])
+    features, _ = target_pass(target, ids, AUX)
+    parallel = evaluate.chain_drafts(head, ids, features, 3)[0]
+    for row in (0, 7, 30):
+        # Context: rows 0..row with real features, causal; then 2 own steps, one at a time.
+        out = head(ids[:, 1 : row + 2], features[:, : row + 1], torch.arange(row + 1)[None])
+        past, hidden = out.kv, out.hidden[:, -1:]
+        token = head.target_token_ids()[out.logits[:, -1:].argmax(-1)]
+        chain = [int(token)]
+        for step in (1, 2):
+            out = head(token, hidden, torch.tensor([[row + step]]), past=past)
+            past, hidden = past.extend(out.kv), out.hidden
+            token = head.target_token_ids()[out.logits.argmax(-1)]
+            chain.append(int(token))
+        assert parallel[row].tolist() == chain
+
+
+def test_ttt_mask_pattern() -> None:
+    mask = ttt.ttt_mask(3, 2)[0].int().tolist()
+    assert mask == [
+        [1, 0, 0, 1, 0, 0, 1, 0, 0],
+        [1, 1, 0, 0, 1, 0, 0, 1, 0],
+        [1, 1, 1, 0, 0, 1, 0, 0, 1],
+    ]
+
+
+def test_a_run_resumes_where_it_stopped(target: torch.nn.Module, tmp_path: Path) -> None:
+    seqs = [torch.tensor(tokenize(tiny_corpus(num_chars=400, seed=i))[:64]) for i in range(6)]
+    spec = train.TrainSpec(minutes=5, max_steps=4, lr=1e-3, warmup=1)
+    head = train.new_head(target, None, AUX)
+    first = train.train(head, target, seqs, spec, tmp_path, progress=False)
+    assert (first.step, first.cursor) == (4, 4)
+    again = train.new_head(target, None, AUX)  # a new process: fresh weights, same folder
+    resumed = train.train(again, target, seqs, train.TrainSpec(**{**vars(spec), "max_steps": 7}),
+                          tmp_path, progress=False)  # fmt: skip
+    assert (resumed.step, resumed.cursor) == (7, 7) and resumed.seconds > first.seconds
+    straight = train.new_head(target, None, AUX)
+    train.train(straight, target, seqs, train.TrainSpec(**{**vars(spec), "max_steps": 7}),
+                tmp_path / "straight", progress=False)  # fmt: skip
+    pairs = zip(again.state_dict().items(), straight.state_dict().values(), strict=True)
+    for (name, a), b in pairs:
+        assert torch.allclose(a, b, atol=1e-6), name
+
+
+def test_sequences_must_be_longer_than_the_unrolled_steps(target, tmp_path: Path) -> None:
+    head = train.new_head(target, None, AUX)
+    with pytest.raises(ValueError, match="longer than 3"):
+        train.train(head, target, [torch.tensor([1, 2, 3])], train.TrainSpec(), tmp_path)
