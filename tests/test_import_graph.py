@@ -191,3 +191,16 @@ def test_saguaro_is_pure_math() -> None:
         for name in sorted(external[m] & {"sglang", "zmq", "msgspec"})
     ]
     assert not bad, "; ".join(bad)
+
+
+def test_eagle3_imports_no_sglang() -> None:
+    """The EAGLE-3 head package runs where SGLang is absent (a trainer, the GPU machine)."""
+    edges, external = GRAPH
+    chains = reachable(edges, [m for m in edges if _in(m, "sglang_ssd.eagle3")])
+    bad = [
+        f"{' -> '.join(chains[m])} imports {name}"
+        for m in sorted(chains)
+        for name in sorted(external[m] - {"torch", "transformers", "safetensors", "__future__"})
+        if name not in {"json", "collections", "dataclasses", "pathlib", "typing"}
+    ]
+    assert not bad, "; ".join(bad)
