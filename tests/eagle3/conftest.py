@@ -6,7 +6,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from eagle3_heads import HEADS, HIDDEN, KV_HEADS, VOCAB
 
 from sglang_ssd.testing.tiny_models import TinySpec, make_tiny_model
 
@@ -24,13 +23,6 @@ def sglang_world() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def feature_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A random tiny Qwen2 target of `FEATURE_LAYERS` layers (the head's sizes), fp32."""
-    spec = TinySpec(
-        num_layers=FEATURE_LAYERS,
-        hidden_size=HIDDEN,
-        num_heads=HEADS,
-        num_kv_heads=KV_HEADS,
-        vocab_size=VOCAB,
-        seed=3,
-    )
+    """A random tiny Qwen2 target of `FEATURE_LAYERS` layers, fp32."""
+    spec = TinySpec(num_layers=FEATURE_LAYERS, seed=3)  # TinySpec's widths are the heads'
     return make_tiny_model(tmp_path_factory.mktemp("feature-target"), spec)

@@ -6,8 +6,7 @@ import torch
 
 from sglang_ssd.eagle3 import Eagle3Config, Eagle3Head
 
-HIDDEN, HEADS, KV_HEADS, VOCAB = 64, 4, 2, 128
-FEATURE_LAYERS = 8  # deep enough for SGLang's default capture [2, L//2, L-3] = [2, 4, 5]
+HIDDEN, HEADS, KV_HEADS, VOCAB = 64, 4, 2, 128  # `TinySpec`'s defaults: the tiny targets' sizes
 
 
 def head_config(**overrides: object) -> dict:
