@@ -34,6 +34,10 @@ def _free_port() -> int:
 def sglang_world() -> Iterator[None]:
     """A gloo world of 1 with SGLang's model-parallel groups (TP = PP = EP = 1), torn down after."""
     from sglang.srt.distributed import parallel_state as ps
+    from sglang.srt.layers.rotary_embedding import base as rope
+
+    if not rope._is_cpu:  # SGLang reads SGLANG_USE_CPU_ENGINE once, when first imported
+        raise RuntimeError("SGLang was imported before SGLANG_USE_CPU_ENGINE=1 was set")
     from sglang.srt.runtime_context import SpawnRanks, get_parallel, publish, reset_context
     from sglang.srt.server_args import ServerArgs
 
