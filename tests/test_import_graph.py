@@ -181,13 +181,28 @@ def test_layers_do_not_import_each_other(importer: str, forbidden: str) -> None:
     assert not bad, f"{importer} imports {forbidden}: " + "; ".join(" -> ".join(c) for c in bad)
 
 
+def external_imports(package: str) -> dict[str, str]:
+    """Each external top-level package `package` reaches -> one import chain to it."""
+    edges, external = GRAPH
+    chains = reachable(edges, [m for m in edges if _in(m, package)])
+    return {
+        name: " -> ".join(chains[m]) for m in sorted(chains, reverse=True) for name in external[m]
+    }
+
+
 def test_saguaro_is_pure_math() -> None:
     """No SGLang, no processes or wire (zmq, msgspec), directly or through other modules."""
-    edges, external = GRAPH
-    chains = reachable(edges, [m for m in edges if _in(m, "sglang_ssd.saguaro")])
+    reached = external_imports("sglang_ssd.saguaro")
     bad = [
-        f"{' -> '.join(chains[m])} imports {name}"
-        for m in sorted(chains)
-        for name in sorted(external[m] & {"sglang", "zmq", "msgspec"})
+        f"{reached[n]} imports {n}" for n in sorted(reached.keys() & {"sglang", "zmq", "msgspec"})
     ]
+    assert not bad, "; ".join(bad)
+
+
+def test_eagle3_imports_torch_transformers_safetensors_only() -> None:
+    """The EAGLE-3 head package runs where SGLang is absent (a trainer, the GPU machine)."""
+    allowed = {"torch", "transformers", "safetensors", "__future__", "json", "collections"}
+    allowed |= {"dataclasses", "pathlib", "typing"}
+    reached = external_imports("sglang_ssd.eagle3")
+    bad = [f"{reached[n]} imports {n}" for n in sorted(reached.keys() - allowed)]
     assert not bad, "; ".join(bad)

@@ -29,8 +29,7 @@ class Eagle3Config:
     """Shape and options of an EAGLE-3 head (one Llama decoder layer over target features).
 
     Attributes:
-        hidden_size: the head's width H; the target's embeddings must have it too (SGLang shares
-            the target's `embed_tokens` with the head).
+        hidden_size: the head's width H.
         num_attention_heads / num_key_value_heads / head_dim: the attention's heads.
         intermediate_size: the SiLU MLP's width.
         rms_norm_eps: every RMSNorm's epsilon.
@@ -41,6 +40,8 @@ class Eagle3Config:
             means the full vocabulary with the target's LM head (SGLang's
             `load_lm_head_from_target`).
         target_hidden_size: width of one target feature (SGLang: `target_hidden_size`, else H).
+            When it equals H the head embeds with the target's `embed_tokens`; otherwise SGLang
+            keeps the head's own (`own_embeddings`).
         aux_layer_ids: `eagle_config.eagle_aux_hidden_state_layer_ids`, the target layers k whose
             *output* (the input of decoder layer k+1) feeds the head; None means SGLang's default
             layers (see `sglang_ssd.eagle3.features`).
@@ -74,6 +75,12 @@ class Eagle3Config:
     def feature_size(self) -> int:
         """Width of the concatenated target features, `fc`'s input (num_aux × target_hidden)."""
         return self.num_aux_hidden_states * self.target_hidden_size
+
+    @property
+    def own_embeddings(self) -> bool:
+        """Whether the head embeds with its own `embed_tokens` (SGLang's `set_embed` shares the
+        target's only when target_hidden_size equals hidden_size)."""
+        return self.target_hidden_size != self.hidden_size
 
     @property
     def lm_head_rows(self) -> int:
@@ -129,6 +136,11 @@ class Eagle3Config:
             norm_output=bool(raw.get("norm_output", False)),
             torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
         )
+        if config.own_embeddings and config.draft_vocab_size is None:
+            raise ValueError(
+                "draft_vocab_size: null (the target's LM head) needs target_hidden_size == "
+                f"hidden_size, got {config.target_hidden_size} != {config.hidden_size}"
+            )
         if config.feature_size == config.hidden_size:
             # SGLang applies fc only when the input is wider than the embeddings, so target
             # features of width H would bypass fc there.

@@ -11,7 +11,8 @@ over tokens x_t with inputs h_t (and positions p_t):
     hidden fed back = o_t (or norm(o_t) with `norm_output`)
 
 The embeddings (and with `draft_vocab_size` null, the LM head) are the target's, attached with
-`attach_target`; a head file's own `embed_tokens` is never used. Attention is plain SDPA over
+`attach_target`; a head file's own `embed_tokens` is used only when target_hidden_size differs
+from hidden_size (SGLang's `set_embed` then keeps it). Attention is plain SDPA over
 the keys of `past` then this call's keys, so one `forward` serves a training pass over whole
 sequences (causal mask), a prefill, and a decode step against a KV cache.
 """
@@ -166,25 +167,38 @@ class Eagle3Head(nn.Module):
         else:
             self.lm_head = nn.Linear(h, config.draft_vocab_size, bias=False)
             self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
-        self.register_buffer("embed_tokens", None, persistent=False)
+        if config.own_embeddings:
+            self.embed_tokens = nn.Embedding(config.vocab_size, h)
+        else:
+            self.embed_tokens = None
+            self.register_buffer("target_embed_tokens", None, persistent=False)
         self.register_buffer("target_lm_head", None, persistent=False)
 
-    def attach_target(self, embed_tokens: torch.Tensor, lm_head: torch.Tensor | None) -> None:
+    def attach_target(
+        self, embed_tokens: torch.Tensor | None, lm_head: torch.Tensor | None = None
+    ) -> None:
         """Use the target's embeddings [V, H] (and, for a full-vocabulary head, LM head [V, H]).
+
+        A head with `own_embeddings` takes None for `embed_tokens` (its own are loaded).
 
         Raises:
             ValueError: on shapes that do not match the config, or a full-vocabulary head
                 without the target's LM head.
         """
         want = (self.config.vocab_size, self.config.hidden_size)
-        if tuple(embed_tokens.shape) != want:
-            raise ValueError(f"target embed_tokens {tuple(embed_tokens.shape)}, head needs {want}")
+        if self.embed_tokens is not None:
+            if embed_tokens is not None:
+                raise ValueError("this head embeds with its own embed_tokens (target_hidden_size)")
+        elif embed_tokens is None or tuple(embed_tokens.shape) != want:
+            shape = None if embed_tokens is None else tuple(embed_tokens.shape)
+            raise ValueError(f"target embed_tokens {shape}, head needs {want}")
         if self.lm_head is None:
             if lm_head is None or tuple(lm_head.shape) != want:
                 shape = None if lm_head is None else tuple(lm_head.shape)
                 raise ValueError(f"draft_vocab_size null needs the target lm_head {want}: {shape}")
             self.target_lm_head = lm_head
-        self.embed_tokens = embed_tokens
+        if self.embed_tokens is None:
+            self.target_embed_tokens = embed_tokens
 
     def target_token_ids(self) -> torch.Tensor:
         """int64 [lm_head_rows]: the target id of each logit column (d2t[i] + i; SGLang's
@@ -227,7 +241,7 @@ class Eagle3Head(nn.Module):
         Raises:
             ValueError: for a `hidden` width that is neither, or no target attached.
         """
-        if self.embed_tokens is None:
+        if self.embed_tokens is None and self.target_embed_tokens is None:
             raise ValueError("attach_target(...) first: the head uses the target's embeddings")
         width = hidden.shape[-1]
         if width == self.config.feature_size:
@@ -237,7 +251,8 @@ class Eagle3Head(nn.Module):
                 f"hidden width {width} is neither the features' {self.config.feature_size} "
                 f"nor the head's {self.config.hidden_size}"
             )
-        embeds = F.embedding(input_ids, self.embed_tokens).to(hidden.dtype)
+        table = self.target_embed_tokens if self.embed_tokens is None else self.embed_tokens.weight
+        embeds = F.embedding(input_ids, table).to(hidden.dtype)
         if mask is None:
             past_length = 0 if past is None else past.length
             mask = causal_mask(input_ids.shape[1], past_length, hidden.device)[None]

@@ -5,7 +5,8 @@ SGLang's `LlamaForCausalLMEagle3.load_weights` (`models/llama_eagle3.py`) rename
 `model.` prefix, turns `d2t` into its hot-token map, drops `t2d`, and silently skips every name
 it does not know, so "SGLang loads it" proves nothing. Here every parameter of `Eagle3Head` must
 come from the file and every tensor in the file must be used, except `embed_tokens` (the head
-uses the target's) and `t2d` (unused by SGLang).
+uses the target's, unless target_hidden_size differs from hidden_size) and `t2d` (unused by
+SGLang).
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def assign_strict(head: Eagle3Head, tensors: Mapping[str, torch.Tensor]) -> None
     state = head.state_dict()
     given: dict[str, torch.Tensor] = {}
     for name, tensor in tensors.items():
-        if name.removeprefix("model.") in IGNORED:
+        if name.removeprefix("model.") in IGNORED and canonical_name(name) not in state:
             continue
         key = canonical_name(name)
         if key in given:
