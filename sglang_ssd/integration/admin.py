@@ -85,9 +85,11 @@ def scheduler_load(scheduler: Any) -> dict[str, float]:
 def stats(worker: Any, scheduler: Any = None) -> dict[str, Any]:
     """Per-round averages on both sides (and by phase: `target_phases`, `speculator_phases`,
     `t_p`), cache hit rate, backup rounds, faults and restarts, the
-    miss policy's b* (`fallback`), the speculator's and the client's counters (`speculator`)
-    and, given the `scheduler`, its running and waiting requests."""
+    miss policy's b* (`fallback`), the speculator's and the client's counters (`speculator`),
+    the DP replica that answers (`dp_rank`) and, given the `scheduler`, its running and waiting
+    requests."""
     out: dict[str, Any] = _timer_summary(worker.timer)
+    out["dp_rank"] = getattr(worker, "dp_rank", 0)
     groups = (
         ("source_", "rounds_by_source"),
         ("accepted_", "accepted_by_source"),

@@ -76,7 +76,7 @@ def test_router_over_dp_and_single_servers_is_lossless(servers, tiny_target: Pat
     listed = _stats(servers["dp"])
     assert listed["dp_size"] == 2, listed
     replicas = listed["replicas"]
-    assert [r["dp_rank"] for r in replicas] == [0, 1]
+    assert [r["dp_rank"] for r in replicas] == [0, 1]  # as each replica reports itself
     assert all(r["rounds"] > 0 and r["speculator_up"] for r in replicas), replicas
     # round robin over 2 workers, then over 2 replicas: 10 + 5 + 5 requests (their rounds
     # differ with the lengths, so only that each served is checked).
@@ -87,7 +87,7 @@ def test_router_over_dp_and_single_servers_is_lossless(servers, tiny_target: Pat
 def test_each_dp_replica_has_its_own_speculator(servers) -> None:
     launcher = psutil.Process(servers["dp"].proc.pid)
     titles = sorted(
-        " ".join(p.cmdline())
+        " ".join(p.cmdline()).strip()
         for p in launcher.children(recursive=True)
         if "speculator_DP" in " ".join(p.cmdline())
     )
