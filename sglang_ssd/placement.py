@@ -4,7 +4,8 @@
 `place` picks the speculator's `Placement` (and, on CPU, pins the calling target process).
 `pin_process` pins every thread of the calling process (Linux `sched_setaffinity` applies per
 thread, and OpenMP pools may already exist) and sets torch's intra-op thread count to match.
-`split_cpus` decides the default split: the speculator gets the last core, the target the rest.
+`split_cpus` decides the default split: the speculator gets the last core, the target the rest
+(of the replica's cores with `--dp-size` > 1: `replica_cpus`).
 `TargetGpus` and `draft_gpu` decide the default GPU and refuse collisions with the target's.
 """
 

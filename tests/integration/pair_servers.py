@@ -40,6 +40,13 @@ def ar_and_ssd(
         yield made
 
 
+def ssd_stats(server: Server) -> dict:
+    """`GET /ssd/stats` of `server` (raises on an HTTP error)."""
+    response = requests.get(f"{server.url}/ssd/stats", timeout=60)
+    response.raise_for_status()
+    return response.json()
+
+
 @contextlib.contextmanager
 def started(made: Mapping[str, Server]) -> Iterator[Mapping[str, Server]]:
     """`made`'s servers started side by side (their start-ups overlap), all stopped on exit.

@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 import requests
-from pair_servers import TINY_FLAGS, router, started
+from pair_servers import TINY_FLAGS, router, ssd_stats, started
 
 from eval.servers import Server
 from sglang_ssd.testing.greedy import transformers_greedy
@@ -56,12 +56,6 @@ def _generate(url: str, ids: list[int], n: int) -> list[int]:
     return response.json()["output_ids"]
 
 
-def _stats(server: Server) -> dict:
-    response = requests.get(f"{server.url}/ssd/stats", timeout=60)
-    response.raise_for_status()
-    return response.json()
-
-
 def test_router_over_dp_and_single_servers_is_lossless(servers, tiny_target: Path) -> None:
     prompts = [tokenize(text) for text, _ in REQUESTS]
     lengths = [n for _, n in REQUESTS]
@@ -71,9 +65,9 @@ def test_router_over_dp_and_single_servers_is_lossless(servers, tiny_target: Pat
     wrong = [(i, e, g) for i, (e, g) in enumerate(zip(expected, got, strict=True)) if e != g]
     assert not wrong, wrong
 
-    single = _stats(servers["one"])
+    single = ssd_stats(servers["one"])
     assert "replicas" not in single and single["rounds"] > 0, single
-    listed = _stats(servers["dp"])
+    listed = ssd_stats(servers["dp"])
     assert listed["dp_size"] == 2, listed
     replicas = listed["replicas"]
     assert [r["dp_rank"] for r in replicas] == [0, 1]  # as each replica reports itself
