@@ -20,7 +20,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -28,6 +28,8 @@ from typing import Any
 
 import psutil
 import requests
+
+from sglang_ssd.config import format_cpu_list
 
 LAUNCHER = ("-m", "sglang_ssd.launch_server")
 HEALTH_PATHS = ("/health_generate", "/health")
@@ -127,20 +129,9 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def linux_cpu_list(cpus: Iterable[int]) -> str:
-    """``[0, 1, 2, 5]`` -> ``"0-2,5"``, the form of /proc's ``Cpus_allowed_list``."""
-    ranges: list[list[int]] = []
-    for cpu in sorted(set(cpus)):
-        if ranges and cpu == ranges[-1][1] + 1:
-            ranges[-1][1] = cpu
-        else:
-            ranges.append([cpu, cpu])
-    return ",".join(f"{lo}" if lo == hi else f"{lo}-{hi}" for lo, hi in ranges)
-
-
 def _affinity_of(pid: int) -> str | None:
     try:
-        return linux_cpu_list(psutil.Process(pid).cpu_affinity() or ())
+        return format_cpu_list(psutil.Process(pid).cpu_affinity() or ())
     except psutil.Error:
         return None
 

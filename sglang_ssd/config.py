@@ -20,7 +20,7 @@ import dataclasses
 import json
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
@@ -78,6 +78,18 @@ def parse_cpu_list(text: str) -> tuple[int, ...]:
     return tuple(sorted(cpus))
 
 
+def format_cpu_list(cpus: Iterable[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2,5"``: the Linux CPU-list form (/proc's ``Cpus_allowed_list``),
+    which `parse_cpu_list` reads back."""
+    ranges: list[list[int]] = []
+    for cpu in sorted(set(cpus)):
+        if ranges and cpu == ranges[-1][1] + 1:
+            ranges[-1][1] = cpu
+        else:
+            ranges.append([cpu, cpu])
+    return ",".join(f"{lo}" if lo == hi else f"{lo}-{hi}" for lo, hi in ranges)
+
+
 def _threshold(text: str) -> int | None:
     if text == "auto":
         return None
@@ -108,6 +120,7 @@ class Flag:
         option: the flag that sets it; empty means ``--ssd-`` + the field name with dashes.
             Only γ has another: it is SGLang's `--speculative-num-steps` (``cli=False``).
         cli: `add_ssd_args` adds the flag.
+        switch: a boolean flag given without a value (argparse's ``store_true``).
         default: the field's default (also the flag's); filled in from the field.
     """
 
@@ -120,6 +133,7 @@ class Flag:
     live: bool = False
     option: str = ""
     cli: bool = True
+    switch: bool = False
     default: Any = None
 
     def problem(self, value: Any) -> str | None:
@@ -284,6 +298,18 @@ class SSDConfig:
             rule=f"must be an integer in 1..{MAX_DRAFT_KV_TOKENS}",
             metavar="TOKENS",
             parse=int,
+        ),
+    )
+    allow_shared_cores: bool = field(
+        default=False,
+        metadata=flag(
+            "For tests and correctness checks only: with --dp-size > 1 on CPU, let the DP "
+            "replicas share cores when the machine has fewer than 2 per replica (each "
+            "replica's target and speculator still get disjoint cores of the shared set). "
+            "Replicas then slow each other down; never use it to measure speed.",
+            ok=lambda v: isinstance(v, bool),
+            rule="must be a boolean",
+            switch=True,
         ),
     )
     plain_rounds: PlainRounds = field(
@@ -493,6 +519,9 @@ def add_ssd_args(parser: argparse.ArgumentParser) -> None:
         if not flag.cli:
             continue
         options: dict[str, Any] = {"dest": _dest(name), "default": flag.default, "help": flag.help}
+        if flag.switch:
+            group.add_argument(flag.option, action="store_true", **options)
+            continue
         if flag.parse is not None:
             options["type"] = flag.parse
         if flag.choices is not None:

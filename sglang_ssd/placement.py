@@ -4,7 +4,8 @@
 `place` picks the speculator's `Placement` (and, on CPU, pins the calling target process).
 `pin_process` pins every thread of the calling process (Linux `sched_setaffinity` applies per
 thread, and OpenMP pools may already exist) and sets torch's intra-op thread count to match.
-`split_cpus` decides the default split: the speculator gets the last core, the target the rest.
+`split_cpus` decides the default split: the speculator gets the last core, the target the rest
+(of the replica's cores with `--dp-size` > 1: `replica_cpus`).
 `TargetGpus` and `draft_gpu` decide the default GPU and refuse collisions with the target's.
 """
 
@@ -20,6 +21,7 @@ from typing import Any
 import torch
 
 from sglang_ssd.config import SSDConfig
+from sglang_ssd.replica_cpus import replica_cores
 
 logger = logging.getLogger(__name__)
 
@@ -27,11 +29,13 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Placement:
     """Where the speculator runs: `device` ("cpu" / "cuda:N") and, on CPU, its cores `cpus`
-    and the target's `target_cpus` (empty on GPU)."""
+    and the target's `target_cpus` (empty on GPU); `dp_rank` is the DP replica it serves
+    (named in its process title)."""
 
     device: str
     cpus: tuple[int, ...] | None
     target_cpus: tuple[int, ...] = ()
+    dp_rank: int = 0
 
 
 @dataclass(frozen=True)
@@ -133,32 +137,59 @@ def draft_gpu(config: SSDConfig, gpus: TargetGpus, dp_rank: int, device_count: i
     return f"cuda:{index}"
 
 
-def place(config: SSDConfig, target_device: str, gpus: TargetGpus | None = None) -> Placement:
-    """The speculator's placement next to a target on `target_device`.
+def place(
+    config: SSDConfig,
+    target_device: str,
+    gpus: TargetGpus | None = None,
+    dp_rank: int | None = None,
+) -> Placement:
+    """The speculator's placement next to a target on `target_device`, for DP replica
+    `dp_rank` (default: the replica whose ranks include the target's GPU; 0 on CPU).
 
     On CUDA: `--ssd-draft-device cpu` runs it on CPU cores (unpinned); otherwise `draft_gpu`
-    for the replica that runs on `target_device` (`gpus`: the server's GPUs; default: a lone
-    target on `target_device`). On CPU: the cores of `split_cpus(--ssd-draft-cpus)`; the
-    calling (target) process is pinned to the other cores.
+    for the replica (`gpus`: the server's GPUs; default: a lone target on `target_device`).
+    On CPU: the cores of `split_cpus(--ssd-draft-cpus)` among the replica's cores (every
+    available core with one replica; with `--dp-size` > 1 its leading rank's entry of
+    `SGLANG_CPU_OMP_THREADS_BIND`, `replica_cpus.replica_cores`); the calling (target)
+    process is pinned to the other cores.
 
     Raises:
-        ValueError: from `draft_gpu` (a collision or a missing GPU) or from `split_cpus` /
-            `pin_process` on an impossible CPU split.
+        ValueError: from `draft_gpu` (a collision or a missing GPU), a `dp_rank` whose replica
+            does not run on the target's GPU, or from `split_cpus` / `pin_process` /
+            `replica_cores` on an impossible CPU split.
     """
     if target_device.startswith("cuda"):
         if config.draft_device == "cpu":
-            return Placement(device="cpu", cpus=None)
+            return Placement(device="cpu", cpus=None, dp_rank=dp_rank or 0)
         index = torch.device(target_device).index
         gpu_id = torch.cuda.current_device() if index is None else index
         gpus = gpus or TargetGpus(base_gpu_id=gpu_id)
-        device = draft_gpu(config, gpus, gpus.dp_rank_of(gpu_id), torch.cuda.device_count())
-        logger.info("SSD: target on cuda:%d, speculator on %s", gpu_id, device)
-        return Placement(device=device, cpus=None)
-    target_cpus, draft_cpus = split_cpus(config.draft_cpus, take_turns=config.mode == "sync")
+        if dp_rank is None:
+            dp_rank = gpus.dp_rank_of(gpu_id)
+        elif gpu_id not in gpus.replica(dp_rank):
+            raise ValueError(
+                f"DP replica {dp_rank} runs on GPUs {list(gpus.replica(dp_rank))}, not on the "
+                f"target's cuda:{gpu_id} ({gpus})"
+            )
+        device = draft_gpu(config, gpus, dp_rank, torch.cuda.device_count())
+        logger.info("SSD: DP%d target on cuda:%d, speculator on %s", dp_rank, gpu_id, device)
+        return Placement(device=device, cpus=None, dp_rank=dp_rank)
+    dp_rank = dp_rank or 0
+    cpus = available_cpus()
+    if gpus is not None and gpus.dp_size > 1:
+        cpus = replica_cores(gpus.replica(dp_rank)[0])
+    target_cpus, draft_cpus = split_cpus(
+        config.draft_cpus, take_turns=config.mode == "sync", cpus=cpus
+    )
     pin_process(target_cpus)
-    logger.info("SSD: target pinned to CPUs %s, speculator to %s", target_cpus, draft_cpus)
+    logger.info(
+        "SSD: DP%d target pinned to CPUs %s, speculator to %s", dp_rank, target_cpus, draft_cpus
+    )
     return Placement(
-        device=config.draft_device or "cpu", cpus=tuple(draft_cpus), target_cpus=tuple(target_cpus)
+        device=config.draft_device or "cpu",
+        cpus=tuple(draft_cpus),
+        target_cpus=tuple(target_cpus),
+        dp_rank=dp_rank,
     )
 
 
@@ -201,9 +232,12 @@ def _thread_ids() -> list[int]:
 
 
 def split_cpus(
-    draft_cpus: Iterable[int] | None, take_turns: bool = False
+    draft_cpus: Iterable[int] | None,
+    take_turns: bool = False,
+    cpus: Iterable[int] | None = None,
 ) -> tuple[list[int], list[int]]:
-    """(target cpus, draft cpus): `draft_cpus` if given, else the last available core.
+    """(target cpus, draft cpus) among `cpus` (default: the available cores): `draft_cpus` if
+    given, else the last of them.
 
     With a single available core both share it (the synchronous baseline on one core, where
     target and draft never run at the same time). With `take_turns` (`--ssd-mode sync`, where
@@ -213,7 +247,7 @@ def split_cpus(
         ValueError: when the draft would take every core of several (unless they take turns),
             or names cores outside the available set.
     """
-    cpus = available_cpus()
+    cpus = available_cpus() if cpus is None else sorted(set(cpus))
     if draft_cpus is None and len(cpus) == 1:
         return cpus, cpus
     if take_turns and draft_cpus is not None and sorted(set(draft_cpus)) == cpus:

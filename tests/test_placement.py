@@ -115,6 +115,17 @@ def test_default_draft_gpu_comes_after_every_target_rank(monkeypatch):
     assert placement.place(SSDConfig(), "cuda:3", dp).device == "cuda:6"  # replica 1's rank
 
 
+def test_each_replica_passes_its_own_dp_rank(monkeypatch):
+    """The worker names its replica (SGLang's dp_rank); a rank whose replica does not run on
+    the target's GPU is refused."""
+    _cuda(monkeypatch, 8)
+    dp = placement.TargetGpus(tp_size=2, dp_size=2)
+    spots = [placement.place(SSDConfig(), f"cuda:{2 * r}", dp, r) for r in (0, 1)]
+    assert [(p.device, p.dp_rank) for p in spots] == [("cuda:4", 0), ("cuda:5", 1)]
+    with pytest.raises(ValueError, match="DP replica 0 runs on GPUs"):
+        placement.place(SSDConfig(), "cuda:2", dp, 0)
+
+
 @pytest.mark.parametrize(
     ("draft_device", "gpus", "count", "message"),
     [

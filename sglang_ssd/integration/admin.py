@@ -3,7 +3,9 @@
 SGLang's HTTP server runs in the main process, the `SSDWorker` in the scheduler subprocess.
 The bridge is a ZMQ REP socket that the scheduler binds once its SSD worker exists
 (`AdminServer`, a daemon thread), on an ipc:// path both processes derive from the server's
-`PortArgs.instance_id` (`admin_address`). Requests and replies are typed msgpack messages
+`PortArgs.instance_id` and the scheduler's DP replica (`admin_address`; SGLang gives every
+replica the server's instance id). With `--dp-size` N > 1 the HTTP process asks every replica
+and lists their answers (`combine`). Requests and replies are typed msgpack messages
 (`AdminRequest` / `AdminReply` in `sglang_ssd.transport.messages`), never pickle. The main
 process adds the routes to SGLang's FastAPI app and forwards each call
 (`sglang_ssd.integration.admin_routes`). Live changes (`LiveSettings`, generated from
@@ -46,10 +48,17 @@ class AdminError(Exception):
         self.status = status
 
 
-def admin_address(port_args: Any) -> str:
-    """The ipc:// address of the admin socket of the server that owns `port_args`."""
+def admin_address(port_args: Any, dp_rank: int = 0) -> str:
+    """The ipc:// address of the admin socket of DP replica `dp_rank` of the server that owns
+    `port_args`."""
     tag = getattr(port_args, "instance_id", None) or str(os.getpid())
-    return f"ipc://{os.path.join(tempfile.gettempdir(), f'sglang-ssd-admin-{tag}')}"
+    name = f"sglang-ssd-admin-{tag}-dp{dp_rank}"
+    return f"ipc://{os.path.join(tempfile.gettempdir(), name)}"
+
+
+def admin_addresses(port_args: Any, dp_size: int) -> list[str]:
+    """The admin sockets of every DP replica of the server, replica order."""
+    return [admin_address(port_args, rank) for rank in range(dp_size)]
 
 
 # ------------------------------------------------------------------ scheduler side
@@ -76,9 +85,11 @@ def scheduler_load(scheduler: Any) -> dict[str, float]:
 def stats(worker: Any, scheduler: Any = None) -> dict[str, Any]:
     """Per-round averages on both sides (and by phase: `target_phases`, `speculator_phases`,
     `t_p`), cache hit rate, backup rounds, faults and restarts, the
-    miss policy's b* (`fallback`), the speculator's and the client's counters (`speculator`)
-    and, given the `scheduler`, its running and waiting requests."""
+    miss policy's b* (`fallback`), the speculator's and the client's counters (`speculator`),
+    the DP replica that answers (`dp_rank`) and, given the `scheduler`, its running and waiting
+    requests."""
     out: dict[str, Any] = _timer_summary(worker.timer)
+    out["dp_rank"] = getattr(worker, "dp_rank", 0)
     groups = (
         ("source_", "rounds_by_source"),
         ("accepted_", "accepted_by_source"),
@@ -244,8 +255,10 @@ class AdminServer:
 
 
 def start_admin_server(worker: Any, port_args: Any, scheduler: Any = None) -> AdminServer:
-    """Bind the admin socket for `worker` of `scheduler` (call once, in the scheduler process)."""
-    return AdminServer(worker, admin_address(port_args), scheduler).start()
+    """Bind the admin socket for `worker` of `scheduler` (call once, in the scheduler process;
+    the address names the worker's `dp_rank`)."""
+    address = admin_address(port_args, getattr(worker, "dp_rank", 0))
+    return AdminServer(worker, address, scheduler).start()
 
 
 # ------------------------------------------------------------------ HTTP side
@@ -293,6 +306,35 @@ def ask(address: str, request: AdminRequest, timeout_s: float = REPLY_TIMEOUT_S)
     if not isinstance(reply, AdminReply):
         raise AdminError(502, f"the SSD worker answered with a {type(reply).__name__}")
     return reply
+
+
+def ask_reply(address: str, request: AdminRequest) -> AdminReply:
+    """`ask`, with its failures (no answer, a malformed one) as the reply's status."""
+    try:
+        return ask(address, request)
+    except AdminError as exc:
+        return AdminReply(status=exc.status, error=str(exc))
+
+
+def combine(op: str, replies: list[AdminReply]) -> tuple[int, Any]:
+    """The HTTP status and JSON body answering an `op` request from the replies of every DP
+    replica (replica order).
+
+    One replica: its `http_body` (or its error). Several: ``{"dp_size": N, "replicas":
+    [{"dp_rank": r, ...its body}, ...]}``; settings are per replica too (a change goes to every
+    replica), and counters are not summed (each replica's rounds, times and hit rate are its
+    own). The first replica that failed answers for all, with ``DP replica r:`` before its
+    message; a configure that one replica refused may have been applied by the others.
+    """
+    for rank, reply in enumerate(replies):
+        if reply.status != 200:
+            where = f"DP replica {rank}: " if len(replies) > 1 else ""
+            return reply.status, {"error": {"message": where + (reply.error or "unknown error")}}
+    bodies = [http_body(op, reply) for reply in replies]
+    if len(bodies) == 1:
+        return 200, bodies[0]
+    listed = [{"dp_rank": rank, **body} for rank, body in enumerate(bodies)]
+    return 200, {"dp_size": len(bodies), "replicas": listed}
 
 
 def http_body(op: str, reply: AdminReply) -> Any:

@@ -8,12 +8,13 @@ FastAPI resolves handler annotations from this module's globals, hence the modul
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from sglang.srt.utils.auth import AuthLevel, auth_level
 
-from sglang_ssd.integration.admin import AdminError, ask, http_body, parse_changes
+from sglang_ssd.integration.admin import AdminError, ask_reply, combine, parse_changes
 from sglang_ssd.transport.messages import AdminRequest
 
 
@@ -21,17 +22,17 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": {"message": message}}, status_code=status)
 
 
-def add_routes(app: FastAPI, address: str) -> None:
-    """Add `/ssd/config` (GET, POST) and `/ssd/stats` (GET) to SGLang's FastAPI `app`."""
+def add_routes(app: FastAPI, addresses: Sequence[str]) -> None:
+    """Add `/ssd/config` (GET, POST) and `/ssd/stats` (GET) to SGLang's FastAPI `app`; each
+    call goes to the admin socket of every DP replica (`addresses`, replica order) at once and
+    is answered by `admin.combine`."""
 
     async def forward(request: AdminRequest) -> JSONResponse:
-        try:
-            reply = await asyncio.to_thread(ask, address, request)
-        except AdminError as exc:
-            return _error(exc.status, str(exc))
-        if reply.status != 200:
-            return _error(reply.status, reply.error or "unknown error")
-        return JSONResponse(http_body(request.op, reply))
+        replies = await asyncio.gather(
+            *(asyncio.to_thread(ask_reply, address, request) for address in addresses)
+        )
+        status, body = combine(request.op, list(replies))
+        return JSONResponse(body, status_code=status)
 
     @auth_level(AuthLevel.ADMIN_OPTIONAL)
     async def get_ssd_config() -> JSONResponse:

@@ -97,14 +97,15 @@ def _add_admin_routes(*args: Any, **kwargs: Any) -> None:
 
     from sglang_ssd.integration.admin_routes import add_routes
 
-    add_routes(app, admin.admin_address(port_args))
+    dp_size = int(getattr(server_args, "dp_size", 1) or 1)
+    add_routes(app, admin.admin_addresses(port_args, dp_size))
 
 
 # ------------------------------------------------------------------ scheduler process
 def _start_admin_server(result: Any, scheduler: Any, *args: Any, **kwargs: Any) -> None:
     """Once the scheduler has built its SSD worker, serve the admin bridge for it (on the rank
     that drives the speculator: with `--tp-size` > 1 TP rank 0, whose settings and stats the
-    others follow; one socket per server)."""
+    others follow; one socket per DP replica)."""
     from sglang_ssd.worker.ssd_worker import SSDWorker
 
     worker = getattr(scheduler, "draft_worker", None)

@@ -162,6 +162,43 @@ def check_gpu_placement(server_args: ServerArgs, device_count: int | None = None
         draft_gpu(config, gpus, dp_rank, device_count)
 
 
+def check_cpu_placement(server_args: ServerArgs, environ: dict[str, str] | None = None) -> None:
+    """On CPU with `--dp-size` > 1, give every replica its own cores before SGLang starts
+    them: check `SGLANG_CPU_OMP_THREADS_BIND` when set, else set it in `environ` (default
+    `os.environ`, which SGLang's subprocesses inherit) to equal blocks of the available cores
+    (`replica_cpus.plan_bind`; logged). Nothing to do on GPU or with one replica.
+
+    Raises:
+        ValueError: too few cores, overlapping or missing bind entries, or
+            `--ssd-draft-cpus` with several replicas; the message names the flags.
+    """
+    import os
+
+    from sglang_ssd import placement
+    from sglang_ssd.config import SSDConfig
+    from sglang_ssd.integration.server_flags import on_cpu
+    from sglang_ssd.placement import TargetGpus
+    from sglang_ssd.replica_cpus import BIND_ENV, plan_bind
+
+    gpus = TargetGpus.of(server_args)
+    if not on_cpu(server_args) or gpus.dp_size == 1:
+        return
+    environ = os.environ if environ is None else environ
+    config = SSDConfig.from_env() or SSDConfig()
+    replicas = [gpus.replica(rank) for rank in range(gpus.dp_size)]
+    bind = plan_bind(
+        replicas,
+        config.draft_cpus,
+        config.allow_shared_cores,
+        environ,
+        placement.available_cpus(),
+        placement.machine_cpus(),
+    )
+    if bind is not None:
+        environ[BIND_ENV] = bind
+        logger.info("SSD: %d DP replicas on CPU: %s=%s", gpus.dp_size, BIND_ENV, bind)
+
+
 def validate_ssd_server_args(server_args: ServerArgs) -> None:
     """Refuse what SSD cannot serve, with a clear message (server flags: `server_flags.FLAGS`).
 
@@ -180,6 +217,7 @@ def validate_ssd_server_args(server_args: ServerArgs) -> None:
 
     refuse_unsupported_flags(cfg)
     check_gpu_placement(cfg)
+    check_cpu_placement(cfg)
     preferred = getattr(cfg, "preferred_sampling_params", None)
     if preferred:
         from sglang_ssd.integration.request_checks import sampling_refusal

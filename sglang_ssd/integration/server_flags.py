@@ -206,13 +206,30 @@ FLAGS: tuple[FlagRule, ...] = (
         "tests/worker/test_tp_sync.py",
     ),
     FlagRule(
-        "`--pp-size`, `--dp-size`, `--nnodes` > 1",
+        "`--dp-size` > 1",
+        True,
+        "one speculator per DP replica, on a GPU of its own after every target rank, or on CPU "
+        "on its replica's own cores (replica r's entry of `SGLANG_CPU_OMP_THREADS_BIND`, equal "
+        "blocks of the available cores when unset; its speculator takes the last core); "
+        "startup refuses too few cores or GPUs, `--ssd-allow-shared-cores` lets tests share "
+        "cores; `/ssd/config` and `/ssd/stats` list every replica",
+        "tests/integration/test_ssd_scale_out.py",
+    ),
+    FlagRule(
+        "`--attn-dp-size` > 1, `--enable-dp-attention`",
         False,
-        "SSD's rounds are not split across pipeline stages; each DP replica would need its own "
-        "speculator on its own GPU or cores, and its own admin socket, which startup does not "
-        "place yet; the speculator's GPU is placed and checked on one node (issue 14)",
+        "attention-DP ranks serve different requests inside one TP group, while SSD's TP ranks "
+        "follow TP rank 0's plan for one batch; use `--dp-size` without it",
         _REFUSAL_TEST,
-        lambda cfg: any((_get(cfg, n) or 1) != 1 for n in ("pp_size", "dp_size", "nnodes")),
+        lambda cfg: bool(_get(cfg, "enable_dp_attention")) or (_get(cfg, "attn_dp_size") or 1) > 1,
+    ),
+    FlagRule(
+        "`--pp-size`, `--nnodes` > 1",
+        False,
+        "SSD's rounds are not split across pipeline stages, and the speculator's GPU is placed "
+        "and checked on one node; serve each node as its own server behind sglang-router",
+        _REFUSAL_TEST,
+        lambda cfg: any((_get(cfg, n) or 1) != 1 for n in ("pp_size", "nnodes")),
     ),
 )
 

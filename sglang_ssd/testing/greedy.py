@@ -143,6 +143,34 @@ def fp32_top2_margins(model_dir: str | Path, prefixes: Sequence[Sequence[int]]) 
     return margins
 
 
+def transformers_greedy(
+    model_dir: str | Path, prompts: Sequence[Sequence[int]], max_new_tokens: Sequence[int]
+) -> list[list[int]]:
+    """The model's greedy continuation of each prompt (token ids) in fp32 through
+    transformers: `max_new_tokens[i]` argmax tokens for prompt i, EOS not treated as a stop
+    (compare with requests that set `ignore_eos`). Loads and frees the model; meant for tiny
+    models (each step reruns the whole context).
+
+    Raises:
+        ValueError: when the two sequences differ in length.
+    """
+    from transformers import AutoModelForCausalLM
+
+    if len(prompts) != len(max_new_tokens):
+        raise ValueError(f"{len(prompts)} prompts but {len(max_new_tokens)} lengths")
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    outputs = []
+    with torch.inference_mode():
+        for prompt, n in zip(prompts, max_new_tokens, strict=True):
+            ids = list(prompt)
+            for _ in range(n):
+                ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+            outputs.append(ids[len(prompt) :])
+    del model
+    gc.collect()
+    return outputs
+
+
 def walk_divergences(
     prompt: Sequence[int],
     expected: Sequence[int],

@@ -79,7 +79,9 @@ class SpeculatorClient:
     unless `--ssd-draft-kv-tokens` is given); `config.draft_kv_tokens` holds the size chosen.
 
     `target_device` is where the target verifies (q is laid out there); `vocab_size` its logit
-    width; `gpus` the server's GPUs on CUDA (`placement.TargetGpus`; default: a lone target).
+    width; `gpus` the server's ranks (`placement.TargetGpus`; default: a lone target) and
+    `dp_rank` the DP replica this client serves (default: found from the target's GPU; 0 on
+    CPU), which places its speculator on the replica's own GPU or cores.
 
     Raises (constructor): `TransportError` if the speculator does not start; `ValueError` on an
     impossible placement (CPU split, or a speculator GPU that collides with the target's).
@@ -93,6 +95,7 @@ class SpeculatorClient:
         vocab_size: int,
         capacity: TargetCapacity | None = None,
         gpus: TargetGpus | None = None,
+        dp_rank: int | None = None,
     ) -> None:
         self.capacity = capacity
         self.config = config.replace(draft_kv_tokens=config.draft_kv_slots(capacity))
@@ -124,7 +127,7 @@ class SpeculatorClient:
         self.draft_forwards = 0
         self.build_draft_forwards = 0
         self._lock = threading.Lock()
-        placement = place(config, target_device, gpus)
+        placement = place(config, target_device, gpus, dp_rank)
         self.lending = CoreLending(placement.target_cpus, placement.cpus or ())
         self.supervisor = Supervisor(
             lambda: self.config,  # a restarted speculator starts from the live settings

@@ -91,6 +91,7 @@ class SSDWorker(BaseSpecWorker):
         self.generator = torch.Generator(device=self.device).manual_seed(seed + 7919)
         self.draft_model_path = spec.speculative_draft_model_path
         self.tp = _tp_group()  # None with one TP rank: no broadcasts at all
+        self.dp_rank = _dp_rank()  # this scheduler's DP replica: its own speculator and socket
         # Started by `alloc_memory_pool`, once the target's capacity (which sizes the
         # speculator's KV pool) is known; None on TP ranks other than 0 (they follow rank 0).
         self.provider: SpeculatorClient | None = None
@@ -127,6 +128,7 @@ class SSDWorker(BaseSpecWorker):
             target_device=f"cuda:{self.gpu_id}" if device == "cuda" else device,
             vocab_size=runner.model_config.vocab_size,
             gpus=TargetGpus.of(self.server_args),
+            dp_rank=self.dp_rank,
             capacity=TargetCapacity(
                 max_total_tokens=int(runner.max_total_num_tokens),
                 max_running_requests=int(runner.max_running_requests),
@@ -411,6 +413,12 @@ def _tp_group() -> TpGroup | None:
     if group.world_size == 1:
         return None
     return TpGroup(group=group.cpu_group, rank=group.rank_in_group, size=group.world_size)
+
+
+def _dp_rank() -> int:
+    """This scheduler's DP replica (SGLang's `dp_rank`; 0 without `--dp-size` > 1)."""
+    rank = get_parallel().dp_rank
+    return 0 if rank is None else int(rank)
 
 
 def _tokens_left(req: Any) -> int:

@@ -62,6 +62,8 @@ class SpeculatorProcess:
             dtype,
             "--parent-pid",
             str(os.getpid()),
+            "--dp-rank",
+            str(placement.dp_rank),
         ]
         if target_vocab_size is not None:
             cmd += ["--target-vocab-size", str(target_vocab_size)]

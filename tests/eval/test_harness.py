@@ -21,6 +21,7 @@ from eval import configs, cpuload, datasets, harness, interleave, provenance, se
 from eval.configs import Config
 from eval.sampling import Sampling
 from sglang_ssd import launch_server
+from sglang_ssd.config import format_cpu_list, parse_cpu_list
 from sglang_ssd.launch_server import flag_value
 
 REAL_TARGET = Path.home() / ".cache/sglang_ssd/models/qwen2.5-coder-1.5b-instruct"
@@ -170,10 +171,11 @@ def test_machine_descriptions() -> None:
 
 
 def test_process_descriptions() -> None:
-    assert servers.linux_cpu_list([5, 0, 1, 2, 7, 8]) == "0-2,5,7-8"
-    assert servers.linux_cpu_list([0]) == "0"
+    assert format_cpu_list([5, 0, 1, 2, 7, 8]) == "0-2,5,7-8"
+    assert format_cpu_list([0]) == "0"
+    assert parse_cpu_list(format_cpu_list([5, 0, 1, 2, 7, 8])) == (0, 1, 2, 5, 7, 8)
     me = os.getpid()
-    assert servers._affinity_of(me) == servers.linux_cpu_list(os.sched_getaffinity(0))
+    assert servers._affinity_of(me) == format_cpu_list(os.sched_getaffinity(0))
     assert servers._alive(me) and me in servers._group_pids(os.getpgid(0))
 
 

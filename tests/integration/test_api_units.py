@@ -386,7 +386,7 @@ def test_admin_routes_over_the_bridge(tmp_path) -> None:
     worker = FakeWorker()
     admin.AdminServer(worker, address).start()
     app = FastAPI()
-    add_routes(app, address)
+    add_routes(app, [address])
     client = TestClient(app)
     assert client.get("/ssd/config").json()["beta"] == 1.0
     reply = client.post("/ssd/config", json={"beta": 0.25})
@@ -396,3 +396,37 @@ def test_admin_routes_over_the_bridge(tmp_path) -> None:
         reply = client.post("/ssd/config", content=bad)
         assert reply.status_code == 400 and reply.json()["error"]["message"], bad
     assert client.get("/ssd/stats").json()["avg_transport_s"] == pytest.approx(0.01)
+
+
+def test_admin_routes_list_every_dp_replica(tmp_path) -> None:
+    """`--dp-size 2`: each replica binds its own socket; GET lists both, POST changes both,
+    and a replica that does not answer fails the call with its rank named."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from sglang_ssd.integration.admin_routes import add_routes
+
+    port_args = SimpleNamespace(instance_id=f"test-{tmp_path.name}")
+    addresses = admin.admin_addresses(port_args, 2)
+    assert len(set(addresses)) == 2 and addresses[0] == admin.admin_address(port_args)
+    workers = [FakeWorker(), FakeWorker()]
+    workers[1].provider.drafts_received = 8
+    for rank, worker in enumerate(workers):
+        worker.dp_rank = rank
+        admin.start_admin_server(worker, port_args)
+    app = FastAPI()
+    add_routes(app, addresses)
+    client = TestClient(app)
+    body = client.get("/ssd/config").json()
+    assert body["dp_size"] == 2 and [r["dp_rank"] for r in body["replicas"]] == [0, 1]
+    reply = client.post("/ssd/config", json={"beta": 0.5}).json()
+    assert [r["config"]["beta"] for r in reply["replicas"]] == [0.5, 0.5]
+    assert [w.provider.config.beta for w in workers] == [0.5, 0.5]
+    stats = client.get("/ssd/stats").json()["replicas"]
+    assert stats[0]["speculator_round_s"] != stats[1]["speculator_round_s"]  # per replica
+    status, body = admin.combine(
+        "stats", [AdminReply(stats={}), AdminReply(status=504, error="late")]
+    )
+    assert status == 504 and body["error"]["message"] == "DP replica 1: late"
+    assert admin.combine("stats", [AdminReply(stats={"a": 1.0})]) == (200, {"a": 1.0})
+    assert admin.admin_address(port_args, 1).endswith(f"{port_args.instance_id}-dp1")

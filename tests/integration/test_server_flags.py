@@ -51,7 +51,11 @@ REFUSED: dict[str, tuple[dict[str, Any], list[str]]] = {
     "`--enable-strict-thinking`": ({"enable_strict_thinking": True}, ["--enable-strict-thinking"]),
     # SGLang refuses this one itself on CPU (intel_amx attention) before SSD's check runs.
     "`--enable-deterministic-inference`": ({"enable_deterministic_inference": True}, []),
-    "`--pp-size`, `--dp-size`, `--nnodes` > 1": ({"dp_size": 2}, ["--dp-size", "2"]),
+    "`--attn-dp-size` > 1, `--enable-dp-attention`": (
+        {"attn_dp_size": 2},
+        ["--dp-size", "2", "--tp-size", "2", "--enable-dp-attention"],
+    ),
+    "`--pp-size`, `--nnodes` > 1": ({"pp_size": 2}, ["--pp-size", "2"]),
 }
 
 

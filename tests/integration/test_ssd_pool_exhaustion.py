@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from pair_servers import ar_and_ssd
+from pair_servers import ar_and_ssd, ssd_stats
 
 from eval.servers import Server
 
@@ -50,18 +50,12 @@ def _greedy(server: Server, prompt: str) -> list[int]:
     return response.json()["output_ids"]
 
 
-def _stats(server: Server) -> dict:
-    response = requests.get(f"{server.url}/ssd/stats", timeout=60)
-    response.raise_for_status()
-    return response.json()
-
-
 def test_a_full_speculator_pool_degrades_requests_without_faults(servers):
     with cf.ThreadPoolExecutor(len(PROMPTS)) as pool:
         expected = list(pool.map(lambda p: _greedy(servers["ar"], p), PROMPTS))
         got = list(pool.map(lambda p: _greedy(servers["ssd"], p), PROMPTS))
     assert got == expected
-    stats = _stats(servers["ssd"])
+    stats = ssd_stats(servers["ssd"])
     speculator = stats["speculator"]
     assert stats["faults"] == 0 and stats["restarts"] == 0, stats
     assert speculator["kv_slots_total"] == POOL and speculator["draft_kv_tokens"] == POOL
@@ -73,7 +67,7 @@ def test_a_full_speculator_pool_degrades_requests_without_faults(servers):
     while _holding(stats):  # nothing left behind by the finished requests, on either side
         assert time.monotonic() < deadline, stats
         time.sleep(0.5)
-        stats = _stats(servers["ssd"])
+        stats = ssd_stats(servers["ssd"])
 
 
 def _holding(stats: dict) -> list[str]:
