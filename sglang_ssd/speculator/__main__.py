@@ -52,18 +52,6 @@ def watch_parent(parent_pid: int, poll_s: float = PARENT_POLL_S) -> threading.Th
     return thread
 
 
-def set_title(dp_rank: int) -> str:
-    """Name the process after the DP replica it serves (`sglang-ssd::speculator_DP<r>`, next
-    to SGLang's `sglang::scheduler_DP<r>...`), where setproctitle is installed; returns it."""
-    title = f"sglang-ssd::speculator_DP{dp_rank}"
-    try:
-        from setproctitle import setproctitle
-    except ImportError:  # a bare GPU machine: the title is cosmetic
-        return title
-    setproctitle(title)
-    return title
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sglang_ssd.speculator")
     parser.add_argument("--address", required=True, help="LinkAddress JSON from the target")
@@ -92,7 +80,6 @@ def main(argv: list[str] | None = None) -> int:
         level=os.environ.get("SGLANG_SSD_SPECULATOR_LOG", "INFO"),
         format=f"[%(asctime)s] [speculator DP{args.dp_rank}] %(message)s",
     )
-    set_title(args.dp_rank)
     watch_parent(args.parent_pid)
     config = SSDConfig.from_json(args.config)
     if args.device != "cpu":

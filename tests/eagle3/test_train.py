@@ -49,8 +49,9 @@ def test_trained_head_beats_untrained_by_20_points(built) -> None:
 
 def test_manifest_and_folder(built) -> None:
     out, manifest = built
-    assert json.loads((out / build.MANIFEST).read_text())["weights_sha256"] == (
-        manifest["weights_sha256"]
+    assert (
+        json.loads((out / build.MANIFEST).read_text())["weights_sha256"]
+        == (manifest["weights_sha256"])
     )
     assert manifest["aux_layer_ids"] == list(AUX)
     assert manifest["data"]["corpus"]["tokens"] > 10_000
