@@ -142,7 +142,7 @@ def build(
         texts = list(corpus.training_texts(budget, seed=spec.seed, stats=stats))
     train_texts, heldout_texts = _split(texts, spec.heldout_chars)
     sequences = _sequences(tokenizer, [t for _, t in train_texts], spec.seq_len)
-    heldout = _sequences(tokenizer, [t for _, t in heldout_texts], spec.seq_len)[:8]
+    heldout = _sequences(tokenizer, [t for _, t in heldout_texts], spec.seq_len)[:4]
     answer_s = spec.minutes * 60 * spec.answer_share
     prompts = list(answers_mod.instructions(t for _, t in train_texts))
     made = answers_mod.generate_answers(
@@ -178,13 +178,17 @@ def build(
             ),
         }
 
+    measuring = time.perf_counter()
     untrained = measure(0.0, head)
-    # What is left, less a reserve for the final measurement and writing (5%, at most 1 min).
-    reserve = min(0.05 * spec.minutes, 1.0)
-    train_minutes = spec.minutes - (time.perf_counter() - started) / 60 - reserve
+    measure_min = (time.perf_counter() - measuring) / 60
+    # What is left, less the measurements still to come (each milestone and the final one,
+    # timed by the one above) and 2% for writing.
+    left = spec.minutes - (time.perf_counter() - started) / 60 - 0.02 * spec.minutes
+    due = [m for m in spec.milestones if m < left]
+    train_minutes = left - measure_min * (1 + len(due))
     tspec = replace(
         spec.train, minutes=max(train_minutes, 0.05), seed=spec.seed,
-        milestones=tuple(m for m in spec.milestones if m < train_minutes),
+        milestones=tuple(m for m in due if m < train_minutes),
     )  # fmt: skip
     state = train.train(head, target, sequences, tspec, work, measure, progress)
     final = measure(tspec.minutes, head)

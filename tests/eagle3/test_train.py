@@ -25,18 +25,9 @@ def target(tiny_target: Path) -> torch.nn.Module:
     return model.requires_grad_(False)
 
 
-def _texts(n: int, seed: int = 100) -> list[tuple[str, str]]:
-    return [(f"tiny-{seed + i}", tiny_corpus(num_chars=4000, seed=seed + i)) for i in range(n)]
-
-
 @pytest.fixture(scope="module")
-def built(tiny_target: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
-    out = tmp_path_factory.mktemp("head") / "eagle3-tiny"
-    spec = build.BuildSpec(
-        minutes=0.6, draft_vocab=64, seq_len=128, heldout_chars=8000, aux_layer_ids=AUX,
-        milestones=(0.15,), train=train.TrainSpec(lr=3e-3, warmup=10),
-    )  # fmt: skip
-    return out, build.build(tiny_target, out, spec, texts=_texts(12), progress=False)
+def built(tiny_eagle3_head: tuple[Path, dict]) -> tuple[Path, dict]:
+    return tiny_eagle3_head
 
 
 def test_trained_head_beats_untrained_by_20_points(built) -> None:
