@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import pytest
+
+# SGLang reads SGLANG_USE_CPU_ENGINE once, when it is first imported (its CPU code paths, e.g.
+# rotary embedding without vllm); test modules import SGLang at collection, and the in-process
+# SGLang model tests (tests/eagle3) need its CPU engine, as every server here gets from
+# `sglang_ssd.launch_server`. These machines have no GPU (tests/gpu has its own conftest).
+os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
 
 # The Triton reference kernels of tests/kernels run on Triton's CPU interpreter, which must be on
 # when triton is first imported (it jits its own helpers then). Some test modules import SGLang,
