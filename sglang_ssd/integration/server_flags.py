@@ -54,6 +54,14 @@ def _multimodal_target(cfg: Any) -> bool:
     return is_multimodal_model(architectures)
 
 
+def _eagle3_draft(cfg: Any) -> bool:
+    """Whether the draft folder holds an EAGLE-3 head (its config.json's architecture)."""
+    from sglang_ssd.eagle3.config import is_eagle3_head
+
+    path = _get(cfg, "speculative_draft_model_path")
+    return bool(path) and is_eagle3_head(str(path))
+
+
 @dataclass(frozen=True)
 class FlagRule:
     """One server flag (or a family of flags) and what SSD does with it.
@@ -158,6 +166,15 @@ FLAGS: tuple[FlagRule, ...] = (
         _multimodal_target,
     ),
     FlagRule(
+        "an EAGLE-3 head as `--speculative-draft-model-path`",
+        False,
+        "SSD's speculator runs a causal LM draft; an EAGLE-3 head (`LlamaForCausalLMEagle3`) "
+        "needs the target's features over the link, which SSD does not ship yet (issue 15); "
+        "serve the head with `--speculative-algorithm EAGLE3`",
+        _REFUSAL_TEST,
+        _eagle3_draft,
+    ),
+    FlagRule(
         "`--tokenizer-worker-num` > 1",
         False,
         "SSD's request checks and admin endpoints run in the single HTTP process",
@@ -201,9 +218,10 @@ FLAGS: tuple[FlagRule, ...] = (
         True,
         "one speculator per TP group, driven by TP rank 0: it plans each round (mode, drafts, "
         "fallbacks) and verifies, and broadcasts the drafts and the verify outcome over the TP "
-        "group's CPU group (`worker/tp_sync.py`); tested with two gloo ranks, not yet served "
-        "end to end here",
-        "tests/worker/test_tp_sync.py",
+        "group's CPU group (`worker/tp_sync.py`); tested with two gloo ranks "
+        "(`tests/worker/test_tp_sync.py`) and served end to end (tiny pair, `--tp-size 2`, "
+        "greedy equals AR)",
+        "tests/integration/test_ssd_tp.py",
     ),
     FlagRule(
         "`--dp-size` > 1",

@@ -42,6 +42,7 @@ REFUSED: dict[str, tuple[dict[str, Any], list[str]]] = {
         ["--enable-torch-compile"],
     ),
     "multimodal targets": ({}, []),  # needs a multimodal config: checked below
+    "an EAGLE-3 head as `--speculative-draft-model-path`": ({}, []),  # needs a head: below
     "`--tokenizer-worker-num` > 1": ({"tokenizer_worker_num": 2}, ["--tokenizer-worker-num", "2"]),
     "`--enable-custom-logit-processor`": (
         {"enable_custom_logit_processor": True},
@@ -92,6 +93,14 @@ def test_multimodal_targets_are_refused(tiny_target: Path, tmp_path: Path) -> No
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="multimodal targets: not supported"):
         refuse_unsupported_flags(_args(model_path=str(tmp_path)))
+
+
+def test_an_eagle3_head_as_ssd_draft_is_refused(tiny_draft: Path, tmp_path: Path) -> None:
+    refuse_unsupported_flags(_args(speculative_draft_model_path=str(tiny_draft)))
+    refuse_unsupported_flags(_args(speculative_draft_model_path="Qwen/not-a-folder"))
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"]}))
+    with pytest.raises(ValueError, match=r"EAGLE-3 head .*--speculative-algorithm EAGLE3"):
+        refuse_unsupported_flags(_args(speculative_draft_model_path=str(tmp_path)))
 
 
 def test_works_rows_name_a_test_that_uses_the_flag() -> None:
