@@ -304,8 +304,9 @@ class SSDConfig:
         default=False,
         metadata=flag(
             "For tests and correctness checks only: with --dp-size > 1 on CPU, let the DP "
-            "replicas share cores when the machine has fewer than 2 per replica (each "
-            "replica's target and speculator still get disjoint cores of the shared set). "
+            "replicas share cores when the machine has fewer than 2 per replica (a replica's "
+            "target and speculator split its cores when it has 2 or more, and share its one "
+            "core otherwise). "
             "Replicas then slow each other down; never use it to measure speed.",
             ok=lambda v: isinstance(v, bool),
             rule="must be a boolean",

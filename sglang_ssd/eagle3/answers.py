@@ -64,14 +64,19 @@ def generate_answers(
     max_new_tokens: int = 96,
 ) -> list[dict[str, Any]]:
     """The target's greedy answers, appended to `path` (JSON lines: instruction, prompt_len,
-    ids = prompt + answer), until `seconds` are spent; answers already in `path` are kept and
-    their instructions skipped.
+    ids = prompt + answer), until `seconds` are spent or the prompts run out. Then
+    `path` + ".done" is written, and a later call (a resumed build) returns `path`'s records
+    without generating more, so a resumed build trains on the same answers; an interrupted
+    call's answers are kept and the rest of its budget is spent on the next call.
 
     Returns:
         Every record of `path` (earlier ones first).
     """
     path = Path(path)
     done = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    finished = Path(str(path) + ".done")
+    if finished.exists():
+        return done
     seen = {r["instruction"] for r in done}
     started = time.perf_counter()
     with path.open("a") as out:
@@ -92,4 +97,5 @@ def generate_answers(
             out.flush()
             done.append(record)
             seen.add(instruction)
+    finished.write_text("")
     return done

@@ -76,6 +76,23 @@ class BuildSpec:
     milestones: tuple[float, ...] = (10.0, 30.0, 90.0)
     train: train.TrainSpec = field(default_factory=train.TrainSpec)
 
+    def __post_init__(self) -> None:
+        """Raises ValueError for a setting no build can use (before any model is loaded)."""
+        checks = {
+            "minutes must be > 0": self.minutes > 0,
+            "draft_vocab must be >= 0": self.draft_vocab >= 0,
+            "seq_len must be > train.steps_unrolled + 1": (
+                self.seq_len > self.train.steps_unrolled + 1
+            ),
+            "answer_share must be in [0, 1)": 0 <= self.answer_share < 1,
+            "gamma must be >= 1": self.gamma >= 1,
+            "corpus_chars and heldout_chars must be > 0": min(self.corpus_chars, self.heldout_chars)
+            > 0,
+        }
+        bad = [rule for rule, ok in checks.items() if not ok]
+        if bad:
+            raise ValueError("; ".join(bad))
+
 
 def _sequences(tokenizer: Any, texts: Iterable[str], seq_len: int) -> list[torch.Tensor]:
     """Each text tokenized (no special tokens) and cut into `seq_len`-token pieces (a last piece
@@ -111,7 +128,7 @@ def build(
         target_dir: the target's Hugging Face folder (Qwen2/Llama causal LM with a chat
             template).
         out_dir: the head folder to write; its work folder is `out_dir` + ".work" (kept for
-            resume until the head is written).
+            resume until the head is written, then removed).
         spec: `BuildSpec`.
         texts: (source name, text) pairs to use instead of `corpus.training_texts` (the last
             ~`heldout_chars` of them are held out); for tests on tiny models.
@@ -127,8 +144,6 @@ def build(
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if spec.minutes <= 0:
-        raise ValueError(f"--minutes must be > 0, got {spec.minutes}")
     started = time.perf_counter()
     out_dir, work = Path(out_dir), Path(str(out_dir) + ".work")
     work.mkdir(parents=True, exist_ok=True)
@@ -232,6 +247,7 @@ def build(
         "wall_minutes": (time.perf_counter() - started) / 60,
     }
     (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    shutil.rmtree(work)  # the checkpoint with its optimizer state is ~2x the head
     return manifest
 
 

