@@ -230,7 +230,7 @@ class Eagle3Head(nn.Module):
             input_ids: int64 [B, T], target token ids (embedded with the target's embeddings).
             hidden: [B, T, n × target_hidden] target features (fc applied), or [B, T, H] the
                 head's own `HeadOutput.hidden` of the step before (fed as is). The width says
-                which, as in SGLang.
+                which, as in SGLang. In the head's dtype (cast bf16 target features to it).
             positions: int64 [B, T], RoPE positions.
             past: keys/values of earlier positions, [B, kv_heads, S, head_dim].
             mask: bool [B or 1, T, S + T] (True = attend); default `causal_mask(T, S)`.
