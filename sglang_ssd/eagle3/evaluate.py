@@ -39,7 +39,12 @@ def chain_drafts(
     Returns:
         int64 [B, T − 1, gamma], target ids: row t is the chain drafted after the prefix
         x_0..x_{t+1} (its first entry should be x_{t+2}).
+
+    Raises:
+        ValueError: `gamma` < 1 or T < 2.
     """
+    if gamma < 1 or input_ids.shape[1] < 2:
+        raise ValueError(f"need gamma >= 1 and T >= 2: gamma {gamma}, T {input_ids.shape[1]}")
     b, t = input_ids.shape
     rows = t - 1
     columns = head.target_token_ids()
@@ -87,13 +92,19 @@ def greedy_accept_length(
     """Mean greedy accept length of γ-chains over target-greedy texts.
 
     Args:
+        head: the head (target attached).
+        target: the transformers target whose greedy output the texts continue.
         texts: (int64 [T] ids, P) pairs: a prompt of P tokens followed by the target's own greedy
             continuation (P ≥ 1); chains are scored after every prefix that ends inside the
             continuation and leaves γ tokens of it to compare.
+        aux_layer_ids: the head's target layers (`Eagle3Config.aux_layer_ids`).
         gamma: γ, drafts per chain.
 
     Returns:
         The mean of 1 + (leading drafts equal to the text) over scored prefixes; 1.0 if none.
+
+    Raises:
+        ValueError: `gamma` < 1 (from `chain_drafts`).
     """
     lengths: list[int] = []
     for ids, prompt_len in texts:

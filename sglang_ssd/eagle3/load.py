@@ -119,8 +119,10 @@ def save_head(folder: str | Path, head: Eagle3Head) -> Path:
     """Write `head` as SGLang loads it: config.json (aux layer ids explicit) + model.safetensors.
 
     Tensors are stored under SGLang's names (`midlayer.*`, `fc.weight`, `norm.weight`,
-    `lm_head.weight`, `d2t`, and `fc_norm.*` / `input_norm.weight` when configured), in the
-    head's dtype; the target's embeddings are not written.
+    `lm_head.weight`, `d2t`, and `fc_norm.*` / `input_norm.weight` when configured, and
+    `embed_tokens.weight` for a head with its own embeddings), in the head's dtype; the
+    target's embeddings are not written. Other ``*.safetensors`` files in `folder` are removed
+    (`read_tensors` reads them all, so a stale one would break loading).
 
     Returns:
         `folder` (created).
@@ -134,6 +136,8 @@ def save_head(folder: str | Path, head: Eagle3Head) -> Path:
     dtype = head.fc.weight.dtype
     config["torch_dtype"] = str(dtype).removeprefix("torch.")
     state = {k: v.detach().contiguous().cpu() for k, v in head.state_dict().items()}
+    for stale in folder.glob("*.safetensors"):
+        stale.unlink()
     save_file(state, folder / WEIGHTS_FILE, metadata={"format": "pt"})
     (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
     return folder

@@ -122,3 +122,12 @@ def test_a_checkpoint_of_another_head_or_data_is_refused(target, tmp_path: Path)
 def test_new_head_refuses_heads_that_cannot_work(target, aux, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         train.new_head(target, None, aux)
+
+
+def test_saving_again_leaves_one_weights_file(target, tmp_path: Path) -> None:
+    head = train.new_head(target, None, AUX)
+    load.save_head(tmp_path, head)
+    (tmp_path / "model.safetensors").rename(tmp_path / "old-00001.safetensors")
+    load.save_head(tmp_path, head)
+    assert [p.name for p in tmp_path.glob("*.safetensors")] == ["model.safetensors"]
+    load.load_head(tmp_path)
