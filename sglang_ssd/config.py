@@ -219,6 +219,7 @@ class SSDConfig:
             ok=lambda v: 0.0 < v <= 1.0,
             rule="must be in (0, 1]",
             parse=float,
+            metavar="β",
             live=True,
         ),
     )
@@ -519,7 +520,10 @@ def add_ssd_args(parser: argparse.ArgumentParser) -> None:
     for name, flag in FLAGS.items():
         if not flag.cli:
             continue
-        options: dict[str, Any] = {"dest": _dest(name), "default": flag.default, "help": flag.help}
+        shown = flag.help
+        if not flag.switch and flag.default is not None and "%(default)" not in shown:
+            shown += " (default: %(default)s)"
+        options: dict[str, Any] = {"dest": _dest(name), "default": flag.default, "help": shown}
         if flag.switch:
             group.add_argument(flag.option, action="store_true", **options)
             continue
