@@ -1,8 +1,8 @@
 """How well a head drafts for its target, measured offline (no server): top-1 agreement and the
 greedy chain's accept length.
 
-Both run the head as it drafts (`ttt.unrolled_loss`'s layout), but with the head's own argmax
-tokens instead of the text's from step 1 on:
+Both run the head as it drafts (`ttt.Unroll`, the layout training uses), but with the head's
+own argmax tokens instead of the text's from step 1 on:
 
 - top-1 agreement: the fraction of positions where the head's first draft (real features, the
   text's token) is the target's argmax;
@@ -19,9 +19,9 @@ from collections.abc import Sequence
 
 import torch
 
-from sglang_ssd.eagle3.head import Eagle3Head, KVCache
+from sglang_ssd.eagle3.head import Eagle3Head
 from sglang_ssd.eagle3.target_pass import target_pass
-from sglang_ssd.eagle3.ttt import ttt_mask
+from sglang_ssd.eagle3.ttt import Unroll
 
 
 @torch.no_grad()
@@ -45,20 +45,12 @@ def chain_drafts(
     """
     if gamma < 1 or input_ids.shape[1] < 2:
         raise ValueError(f"need gamma >= 1 and T >= 2: gamma {gamma}, T {input_ids.shape[1]}")
-    b, t = input_ids.shape
-    rows = t - 1
     columns = head.target_token_ids()
-    positions = torch.arange(rows, device=input_ids.device)[None].expand(b, rows)
-    tokens, hidden = input_ids[:, 1:], features[:, :rows]
-    past: KVCache | None = None
-    drafts = []
-    for step in range(gamma):
-        mask = ttt_mask(rows, step, input_ids.device)
-        out = head(tokens, hidden, positions + step, past=past, mask=mask)
-        tokens = columns[out.logits.argmax(-1)]
+    unroll = Unroll(head, features, input_ids.shape[1] - 1)
+    tokens, drafts = input_ids[:, 1:], []
+    for _ in range(gamma):
+        tokens = columns[unroll.step(tokens).logits.argmax(-1)]
         drafts.append(tokens)
-        past = out.kv if past is None else past.extend(out.kv)
-        hidden = out.hidden
     return torch.stack(drafts, dim=-1)
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from sglang_ssd.eagle3.head import Eagle3Head, KVCache
+from sglang_ssd.eagle3.head import Eagle3Head, HeadOutput, KVCache
 
 STEP_DECAY = 0.8
 
@@ -55,6 +55,42 @@ def ttt_mask(rows: int, step: int, device: torch.device | None = None) -> torch.
     causal = torch.ones(rows, rows, dtype=torch.bool, device=device).tril()
     eye = torch.eye(rows, dtype=torch.bool, device=device)
     return torch.cat([causal, *([eye] * step)], dim=1)[None]
+
+
+class Unroll:
+    """The head run step by step over the training-time-test layout (module doc): step j's
+    rows sit at positions t + j, read the previous step's hidden (the target's features at
+    step 0), and attend through `ttt_mask` to the step-0 keys and their own earlier steps.
+
+    Training (`unrolled_loss`) feeds the text's tokens at every step, offline drafting
+    (`evaluate.chain_drafts`) the head's own argmax; the layout is this one class.
+
+    Args:
+        head: the head (target attached).
+        features: [B, ≥ rows, n × target_hidden], the target's features of the sequences.
+        rows: N, the rows of every step.
+    """
+
+    def __init__(self, head: Eagle3Head, features: torch.Tensor, rows: int) -> None:
+        self.head = head
+        self.rows = rows
+        self.hidden = features[:, :rows]
+        self.positions = torch.arange(rows, device=features.device)[None].expand(
+            features.shape[0], rows
+        )
+        self.past: KVCache | None = None
+        self.step_index = 0
+
+    def step(self, tokens: torch.Tensor) -> HeadOutput:
+        """The next step over `tokens` (int64 [B, N], target ids); its output's hidden and KV
+        feed the step after."""
+        j = self.step_index
+        mask = ttt_mask(self.rows, j, tokens.device)
+        out = self.head(tokens, self.hidden, self.positions + j, past=self.past, mask=mask)
+        self.past = out.kv if self.past is None else self.past.extend(out.kv)
+        self.hidden = out.hidden
+        self.step_index += 1
+        return out
 
 
 def target_on_draft_vocab(target_logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
@@ -93,31 +129,21 @@ def unrolled_loss(
     Raises:
         ValueError: K < 1 or T ≤ K (no row would have a label at every step).
     """
-    b, t = input_ids.shape
+    t = input_ids.shape[1]
     rows = t - steps
     if steps < 1 or rows < 1:
         raise ValueError(f"need 1 <= steps < T: steps {steps}, T {t}")
     columns = head.target_token_ids()
-    base = torch.arange(rows, device=input_ids.device)[None].expand(b, rows)
-    hidden = features[:, :rows]
-    past: KVCache | None = None
+    unroll = Unroll(head, features, rows)
     weights, losses, agreement = [], [], []
     for step in range(steps):
-        out = head(
-            input_ids[:, 1 + step : 1 + step + rows],
-            hidden,
-            base + step,
-            past=past,
-            mask=ttt_mask(rows, step, input_ids.device),
-        )
+        out = unroll.step(input_ids[:, 1 + step : 1 + step + rows])
         labels = target_logits[:, 1 + step : 1 + step + rows]
         want = target_on_draft_vocab(labels, columns)
         log_q = F.log_softmax(out.logits.float(), dim=-1)
         losses.append(-(want * log_q).sum(-1).mean())
         weights.append(STEP_DECAY**step)
         agreement.append((columns[out.logits.argmax(-1)] == labels.argmax(-1)).float().mean())
-        past = out.kv if past is None else past.extend(out.kv)
-        hidden = out.hidden
     stacked = torch.stack(losses)
     w = torch.tensor(weights, device=stacked.device)
     return TTTResult(

@@ -50,25 +50,34 @@ def test_manifest_and_folder(built) -> None:
     assert head.config.aux_layer_ids == AUX and head.config.draft_vocab_size == 65  # + EOS
 
 
-def test_ttt_layout_is_what_drafting_does(target: torch.nn.Module) -> None:
-    """The parallel chains of `evaluate.chain_drafts` (the training-time-test mask) equal
-    drafting one chain token by token with a KV cache, after several prefixes."""
-    head = train.new_head(target, None, AUX, seed=3).eval()
+def test_ttt_layout_is_what_drafting_does(target: torch.nn.Module, built) -> None:
+    """The training-time-test layout (`ttt.Unroll`, which training and `evaluate.chain_drafts`
+    share) gives the logits and tokens of drafting one chain token by token with a KV cache,
+    after several prefixes (the trained tiny head, whose attention matters)."""
+    head = load.load_head(built[0])
+    head.attach_target(target.get_input_embeddings().weight.detach())
+    columns = head.target_token_ids()
     ids = torch.tensor([tokenize(tiny_corpus(num_chars=200, seed=5))[:40]])
     features, _ = target_pass(target, ids, AUX)
-    parallel = evaluate.chain_drafts(head, ids, features, 3)[0]
-    for row in (0, 7, 30):
-        # Context: rows 0..row with real features, causal; then 2 own steps, one at a time.
-        out = head(ids[:, 1 : row + 2], features[:, : row + 1], torch.arange(row + 1)[None])
-        past, hidden = out.kv, out.hidden[:, -1:]
-        token = head.target_token_ids()[out.logits[:, -1:].argmax(-1)]
-        chain = [int(token)]
-        for step in (1, 2):
-            out = head(token, hidden, torch.tensor([[row + step]]), past=past)
-            past, hidden = past.extend(out.kv), out.hidden
-            token = head.target_token_ids()[out.logits.argmax(-1)]
-            chain.append(int(token))
-        assert parallel[row].tolist() == chain
+    with torch.no_grad():
+        unroll, tokens, steps = ttt.Unroll(head, features, ids.shape[1] - 1), ids[:, 1:], []
+        for _ in range(3):
+            out = unroll.step(tokens)
+            tokens = columns[out.logits.argmax(-1)]
+            steps.append((out.logits[0], tokens[0]))
+        assert torch.equal(evaluate.chain_drafts(head, ids, features, 3)[0, :, 0], steps[0][1])
+        for row in (0, 7, 30):
+            # Context: rows 0..row with real features, causal; then 2 own steps, one at a time.
+            out = head(ids[:, 1 : row + 2], features[:, : row + 1], torch.arange(row + 1)[None])
+            past, hidden, logits = out.kv, out.hidden[:, -1:], out.logits[0, -1]
+            for step in range(3):
+                want_logits, want_token = steps[step][0][row], steps[step][1][row]
+                torch.testing.assert_close(logits, want_logits, atol=1e-5, rtol=1e-5)
+                token = columns[logits.argmax()].view(1, 1)
+                assert int(token) == int(want_token)
+                if step < 2:
+                    out = head(token, hidden, torch.tensor([[row + step + 1]]), past=past)
+                    past, hidden, logits = past.extend(out.kv), out.hidden, out.logits[0, -1]
 
 
 def test_ttt_mask_pattern() -> None:
