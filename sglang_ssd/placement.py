@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 class Placement:
     """Where the speculator runs: `device` ("cpu" / "cuda:N") and, on CPU, its cores `cpus`
     and the target's `target_cpus` (empty on GPU); `dp_rank` is the DP replica it serves
-    (named in its process title)."""
+    (passed to the speculator as `--dp-rank`)."""
 
     device: str
     cpus: tuple[int, ...] | None

@@ -105,7 +105,7 @@ def plan_bind(
     allow_shared: bool,
     environ: Mapping[str, str],
     cpus: Sequence[int],
-    machine: Sequence[int] | None = None,
+    machine: Sequence[int],
 ) -> str | None:
     """The `SGLANG_CPU_OMP_THREADS_BIND` value a CPU server of several replicas
     needs: None when `environ` already holds one (checked), else `cpus` in equal blocks, one per
@@ -118,8 +118,8 @@ def plan_bind(
         draft_cpus: `--ssd-draft-cpus` (refused here: one list cannot serve every replica).
         allow_shared: `--ssd-allow-shared-cores`.
         environ: the launching process's environment.
-        cpus: the cores the server may use. machine: the cores that exist (default
-            every core of this machine).
+        cpus: the cores the server may use (`placement.available_cpus`).
+        machine: the cores that exist (`placement.machine_cpus`).
 
     Raises:
         ValueError: naming the flags, for `--ssd-draft-cpus`, too few cores, a bind list that
@@ -135,7 +135,6 @@ def plan_bind(
             f"replica's speculator then takes the last core of its replica's cores, "
             f"{BIND_ENV})"
         )
-    machine = list(range(os.cpu_count() or 1)) if machine is None else machine
     cpus = sorted(set(cpus))
     leading = [devices[0] for devices in replicas]
     given = environ.get(BIND_ENV)
