@@ -12,13 +12,16 @@ over tokens x_t with inputs h_t (and positions p_t):
 
 The embeddings (and with `draft_vocab_size` null, the LM head) are the target's, attached with
 `attach_target`; a head file's own `embed_tokens` is used only when target_hidden_size differs
-from hidden_size (SGLang's `set_embed` then keeps it). Attention is plain SDPA over
-the keys of `past` then this call's keys, so one `forward` serves a training pass over whole
-sequences (causal mask), a prefill, and a decode step against a KV cache.
+from hidden_size (SGLang's `set_embed` then keeps it). `forward`'s attention is
+SDPA over the keys of `past` then this call's keys (`CachedAttention`), so one `forward` serves a
+training pass over whole sequences (causal mask), a prefill, and a decode step against a KV
+cache; `step` takes any `Attend`, so the speculator runs the same layer over its paged KV pool
+(`speculator.head_model`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +35,9 @@ from transformers.models.llama.modeling_llama import (
 )
 
 from sglang_ssd.eagle3.config import Eagle3Config
+
+# q [B, heads, T, d], k and v [B, kv_heads, T, d] (RoPE applied) -> [B, heads, T, d].
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -73,7 +79,9 @@ def causal_mask(length: int, past: int = 0, device: torch.device | None = None) 
 
 
 class Eagle3Attention(nn.Module):
-    """Llama attention whose q/k/v read the 2H-wide concat of embeddings and hidden."""
+    """Llama attention whose q/k/v read the 2H-wide concat of embeddings and hidden; the
+    attention itself is the caller's `Attend` (SDPA over a `KVCache`, or the speculator's
+    paged KV pool)."""
 
     def __init__(self, config: Eagle3Config) -> None:
         super().__init__()
@@ -89,24 +97,32 @@ class Eagle3Attention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * d, h, bias=False)
 
     def forward(
-        self,
-        x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        past: KVCache | None,
-        mask: torch.Tensor,
-    ) -> tuple[torch.Tensor, KVCache]:
-        """x [B, T, 2H], rope (cos, sin) [B, T, head_dim], mask bool [B or 1, T, S+T]."""
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attend: Attend
+    ) -> torch.Tensor:
+        """x [B, T, 2H], rope (cos, sin) [B, T, head_dim] -> [B, T, H]."""
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, *rope)
-        new = KVCache(k, v)
-        full = new if past is None else past.extend(new)
-        out = F.scaled_dot_product_attention(
-            q, full.key, full.value, attn_mask=mask[:, None], enable_gqa=True
+        out = attend(q, k, v)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class CachedAttention:
+    """The `Attend` of a forward over an explicit `KVCache`: SDPA over `past` then this call's
+    keys under `mask` (bool [B or 1, T, S + T]); `new` holds this call's keys afterwards."""
+
+    def __init__(self, past: KVCache | None, mask: torch.Tensor) -> None:
+        self.past, self.mask = past, mask
+        self.new: KVCache | None = None
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        self.new = KVCache(k, v)
+        full = self.new if self.past is None else self.past.extend(self.new)
+        return F.scaled_dot_product_attention(
+            q, full.key, full.value, attn_mask=self.mask[:, None], enable_gqa=True
         )
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1)), new
 
 
 class Eagle3DecoderLayer(nn.Module):
@@ -126,14 +142,12 @@ class Eagle3DecoderLayer(nn.Module):
         embeds: torch.Tensor,
         hidden: torch.Tensor,
         rope: tuple[torch.Tensor, torch.Tensor],
-        past: KVCache | None,
-        mask: torch.Tensor,
-    ) -> tuple[torch.Tensor, KVCache]:
-        """embeds, hidden [B, T, H] -> (pre-norm output [B, T, H], this call's KV)."""
+        attend: Attend,
+    ) -> torch.Tensor:
+        """embeds, hidden [B, T, H] -> the pre-norm output [B, T, H]."""
         x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
-        attn, kv = self.self_attn(x, rope, past, mask)
-        residual = hidden + attn
-        return residual + self.mlp(self.post_attention_layernorm(residual)), kv
+        residual = hidden + self.self_attn(x, rope, attend)
+        return residual + self.mlp(self.post_attention_layernorm(residual))
 
 
 class Eagle3Head(nn.Module):
@@ -251,14 +265,35 @@ class Eagle3Head(nn.Module):
                 f"hidden width {width} is neither the features' {self.config.feature_size} "
                 f"nor the head's {self.config.hidden_size}"
             )
-        table = self.target_embed_tokens if self.embed_tokens is None else self.embed_tokens.weight
-        embeds = F.embedding(input_ids, table).to(hidden.dtype)
         if mask is None:
             past_length = 0 if past is None else past.length
             mask = causal_mask(input_ids.shape[1], past_length, hidden.device)[None]
+        attend = CachedAttention(past, mask)
+        out, fed = self.step(input_ids, hidden, positions, attend)
+        assert attend.new is not None
+        return HeadOutput(self.logits(out), fed, attend.new)
+
+    def step(
+        self, input_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, attend: Attend
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decoder layer over projected inputs: (pre-norm output, hidden fed back).
+
+        Args:
+            input_ids: int64 [B, T] target ids; hidden: [B, T, H], fc(features) or the head's
+                own fed-back hidden; positions: int64 [B, T]; attend: the attention kernel.
+
+        Returns:
+            ([B, T, H] output before `norm` (`logits` takes it), [B, T, H] the hidden the
+            next draft step feeds back: the output, or its norm with `norm_output`).
+        """
+        table = self.target_embed_tokens if self.embed_tokens is None else self.embed_tokens.weight
+        embeds = F.embedding(input_ids, table).to(hidden.dtype)
         rope = self.rotary_emb(hidden, positions)
-        out, kv = self.midlayer(embeds, hidden, rope, past, mask)
+        out = self.midlayer(embeds, hidden, rope, attend)
+        return out, self.norm(out) if self.config.norm_output else out
+
+    def logits(self, out: torch.Tensor) -> torch.Tensor:
+        """[..., lm_head_rows] draft-vocabulary logits of `step`'s output [..., H]."""
         normed = self.norm(out)
         weight = self.target_lm_head if self.lm_head is None else self.lm_head.weight
-        logits = F.linear(normed, weight.to(normed.dtype))
-        return HeadOutput(logits, normed if self.config.norm_output else out, kv)
+        return F.linear(normed, weight.to(normed.dtype))

@@ -12,7 +12,7 @@ SGLang).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -113,6 +113,30 @@ def load_head(
     head = Eagle3Head(config)
     assign_strict(head, read_tensors(folder))
     return head.to(device=device, dtype=dtype).eval()
+
+
+def target_tensors(folder: str | Path, names: Sequence[str]) -> dict[str, torch.Tensor]:
+    """The tensors `names` of a model folder's safetensors files (e.g. a target's
+    ``model.embed_tokens.weight``), read one by one: the rest of a 3 GB target stays on disk.
+
+    Raises:
+        FileNotFoundError: without safetensors files.
+        KeyError: for a name no file holds.
+    """
+    from safetensors import safe_open
+
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{folder}: no safetensors files")
+    out: dict[str, torch.Tensor] = {}
+    for file in files:
+        with safe_open(file, "pt") as handle:
+            for name in set(names) & set(handle.keys()):
+                out[name] = handle.get_tensor(name)
+    missing = sorted(set(names) - set(out))
+    if missing:
+        raise KeyError(f"{folder}: no tensor {', '.join(missing)}")
+    return out
 
 
 def save_head(folder: str | Path, head: Eagle3Head) -> Path:

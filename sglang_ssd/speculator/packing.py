@@ -26,6 +26,9 @@ class Segment:
         out_slots: int64 [Q], pool slots their K/V are written to.
         kv_slots: int64 [K], the slots the queries may attend to (must contain `out_slots`).
         mask: bool [Q, K], which of `kv_slots` each query sees.
+        prev_slots: int64 [Q], the slot of each query's predecessor on its path (the token
+            before it; -1 at position 0): what an EAGLE-3 head reads its hidden from
+            (`head_model.HeadInputs`).
     """
 
     tokens: torch.Tensor
@@ -33,6 +36,7 @@ class Segment:
     out_slots: torch.Tensor
     kv_slots: torch.Tensor
     mask: torch.Tensor
+    prev_slots: torch.Tensor
 
 
 def causal_segment(
@@ -52,12 +56,14 @@ def causal_segment(
     c = context_slots.numel()
     mask = torch.ones(q, c + q, dtype=torch.bool)
     mask[:, c:] = torch.ones(q, q, dtype=torch.bool).tril()
+    first = context_slots[-1:] if c else torch.full((1,), -1, dtype=torch.int64)
     return Segment(
         tokens=tokens,
         positions=torch.arange(start_position, start_position + q, dtype=torch.int64),
         out_slots=out_slots,
         kv_slots=torch.cat([context_slots, out_slots]),
         mask=mask,
+        prev_slots=torch.cat([first.to(out_slots.device), out_slots[:-1]]),
     )
 
 
@@ -86,24 +92,28 @@ def tree_segment(
     c = context_slots.numel()
     path_mask = torch.arange(c).unsqueeze(0) < context_lens.unsqueeze(1)  # [N, C]
     own = torch.eye(n, dtype=torch.bool).repeat_interleave(s, dim=1)  # [N, N*s]
+    prev = branch_slots[:, s - 2] if s > 1 else context_slots[context_lens.to(torch.int64) - 1]
     return Segment(
         tokens=tokens,
         positions=positions,
         out_slots=branch_slots[:, s - 1].contiguous(),
         kv_slots=torch.cat([context_slots, branch_slots.reshape(-1)]),
         mask=torch.cat([path_mask, own], dim=1),
+        prev_slots=prev.contiguous(),
     )
 
 
 @dataclass
 class PackedForward:
-    """The arguments of one `DraftModel.forward`, plus where each segment's queries landed."""
+    """The arguments of one `DraftModel.forward`, plus where each segment's queries landed and
+    each query's predecessor slot (`Segment.prev_slots`, for an EAGLE-3 head)."""
 
     input_ids: torch.Tensor
     positions: torch.Tensor
     out_slots: torch.Tensor
     layout: AttentionLayout
     query_offsets: list[int]
+    prev_slots: torch.Tensor
 
     def rows(self, segment: int, local: torch.Tensor | list[int]) -> torch.Tensor:
         """Packed row indices of `segment`'s queries `local` (int64)."""
@@ -139,4 +149,5 @@ def pack(segments: list[Segment], device: torch.device | str = "cpu") -> PackedF
         out_slots=torch.cat([s.out_slots for s in segments]).to(device),
         layout=layout,
         query_offsets=qo[:-1],
+        prev_slots=torch.cat([s.prev_slots.to(torch.int64) for s in segments]).to(device),
     )

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from eagle3_heads import head_config
 
 from sglang_ssd.eagle3 import Eagle3Config
+from sglang_ssd.testing.eagle3_heads import head_config
 
 IDS = {"eagle_aux_hidden_state_layer_ids": [1, 3, 4]}
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from eagle3_heads import HIDDEN, VOCAB, head_config, random_head
 
 from sglang_ssd.eagle3 import KVCache, causal_mask
+from sglang_ssd.testing.eagle3_heads import HIDDEN, VOCAB, head_config, random_head
 
 T = 6
 

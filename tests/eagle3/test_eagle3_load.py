@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from eagle3_heads import HIDDEN, VOCAB, head_config, random_head
 from safetensors.torch import load_file, save_file
 
 from sglang_ssd.eagle3 import Eagle3Head, is_eagle3_head, load_head, save_head
+from sglang_ssd.testing.eagle3_heads import HIDDEN, VOCAB, head_config, random_head
 
 
 def saved(tmp_path: Path, **overrides: object) -> tuple[Eagle3Head, Path]:

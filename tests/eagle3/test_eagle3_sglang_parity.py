@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from eagle3_heads import HIDDEN, VOCAB, head_config, random_head
 from safetensors.torch import load_file
 
 from sglang_ssd.eagle3 import Eagle3Head, save_head
+from sglang_ssd.testing.eagle3_heads import HIDDEN, VOCAB, head_config, random_head
 
 ATOL = 1e-5
 PROMPT = 7
