@@ -55,6 +55,23 @@ class AttentionLayout:
     custom_mask: torch.Tensor | None = None
 
 
+@dataclass(frozen=True)
+class HeadInputs:
+    """What each of a forward's N rows reads besides its token.
+
+    Attributes:
+        prev_slots: int64 [N], the pool slot of each row's predecessor (position − 1) on its
+            path; -1 for a row at position 0.
+        features: [N, F] target features of each row's own position (F = n × target hidden),
+            or None when no row has them; rows with `known` False are ignored.
+        known: bool [N], which rows' features are given (None: none).
+    """
+
+    prev_slots: torch.Tensor
+    features: torch.Tensor | None = None
+    known: torch.Tensor | None = None
+
+
 @dataclass
 class _ForwardContext:
     """What every layer's attention call needs; built once per forward (the kwarg `ssd_ctx`)."""
@@ -113,6 +130,8 @@ class DraftModel:
         phases: seconds by phase; each `forward` adds its body under its `phase` name and its
             LM head under ``lm_head``, and the engine adds sampling, lookup, populate, ...
     """
+
+    uses_features = False  # an EAGLE-3 head reads the target's features (`HeadDraftModel`)
 
     def __init__(self, hf_model: torch.nn.Module, kv_pool: KVPool) -> None:
         config = hf_model.config
@@ -234,6 +253,7 @@ class DraftModel:
         layout: AttentionLayout,
         logits_rows: torch.Tensor | None = None,
         phase: str = "forward",
+        head_inputs: HeadInputs | None = None,
     ) -> torch.Tensor:
         """One batched model call over N query tokens.
 
@@ -248,6 +268,7 @@ class DraftModel:
             logits_rows: int64 [M] rows of the N whose logits are wanted, or None (all N). Only
                 these rows go through the lm_head (V = 151,936 makes it the costliest layer).
             phase: the name `phases` records the call's body under (``glue``, ``tree_1``, ...).
+            head_inputs: what an EAGLE-3 head reads (`head_model`); a causal LM ignores it.
 
         Returns:
             float32 [M or N, V] logits (computed in the model dtype, then widened; -inf outside

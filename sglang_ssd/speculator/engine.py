@@ -35,8 +35,10 @@ from sglang_ssd.speculator.draft_model import DraftModel
 from sglang_ssd.speculator.drafting import pad_rows, sample_drafts
 from sglang_ssd.speculator.fanout_plan import FanoutPlan, LiveFanout
 from sglang_ssd.speculator.feeding import feed_committed, feed_tokens
+from sglang_ssd.speculator.packing import causal_segment, pack
 from sglang_ssd.speculator.prespeculation import prespeculate
 from sglang_ssd.speculator.state import Draft, RequestState, empty_slots, generator_device
+from sglang_ssd.speculator.target_features import TargetFeatures
 
 logger = logging.getLogger(__name__)
 
@@ -151,6 +153,7 @@ class SpeculatorEngine:
             generator=self._new_generator(seed),
             slots=empty_slots(self.model.kv_pool.device),
             first_round=first_round,
+            features=TargetFeatures() if self.model.uses_features else None,
         )
         self.requests[rid] = state
         if prefill:
@@ -182,7 +185,7 @@ class SpeculatorEngine:
         out["kv_slots_used"] = float(self.num_used_slots())
         out["kv_slots_total"] = float(self.model.kv_pool.num_slots)
         out["open_requests"] = float(len(self.requests))
-        out["prefilling_requests"] = float(sum(s.backlog > 0 for s in self.requests.values()))
+        out["prefilling_requests"] = float(sum(not s.prefilled for s in self.requests.values()))
         out["cache_entries"] = float(self.cache.num_entries)
         out["hit_exponent"] = self.hit_exponent
         out["kv_exhausted"] = float(self.kv_exhausted_drafts + self.kv_exhausted_builds)
@@ -272,6 +275,66 @@ class SpeculatorEngine:
             self.model.kv_pool.free(branches.slots.reshape(-1))
         self.cache.remove(state.rid)
 
+    def add_features(self, rid: str, start: int, features: torch.Tensor) -> bool:
+        """The target's features [n, F] of `rid`'s committed positions start .. start + n − 1
+        (after the outcome that committed them is applied). Rows already fed that read the
+        head's own hidden where these features now stand are marked for `refresh_features`.
+
+        Returns:
+            False (nothing kept) for an unknown rid, a draft that reads no features, or
+            features that leave a gap or go past the committed tokens.
+        """
+        state = self.requests.get(rid)
+        if state is None or state.features is None:
+            return False
+        if start + features.shape[0] > len(state.committed):
+            logger.warning("speculator: features of %s past its committed tokens", rid)
+            return False
+        try:
+            first = state.features.add(start, features)
+        except ValueError as exc:
+            logger.warning("speculator: features of %s dropped: %s", rid, exc)
+            return False
+        if first is not None and first < state.num_fed:
+            # Row `first` now writes fc(f_first) for the row after it, which read the head's
+            # own hidden of row `first` instead: both are recomputed.
+            state.stale_from = first if state.stale_from is None else min(state.stale_from, first)
+        return True
+
+    def refresh_features(self) -> int:
+        """Recompute, in one forward, the fed committed rows of every request marked stale by
+        `add_features`, in place (same slots), so later rows attend to K/V built from the
+        target's features (EAGLE-3: the draft re-reads verified positions with their real
+        features); drafted rows after them keep theirs. Trims the features fed for good.
+        Returns the rows recomputed."""
+        segments, touched = [], []
+        for s in self.requests.values():
+            if s.stale_from is None:
+                continue
+            lo, hi = s.stale_from, min(s.num_fed, len(s.committed))
+            s.stale_from = None
+            if hi > lo:
+                tokens = torch.tensor(s.committed[lo:hi], dtype=torch.int64)
+                seg = causal_segment(s.slots[:lo], tokens, lo, s.slots[lo:hi])
+                segments.append(seg.with_features(s.features))
+            touched.append(s)
+        rows = sum(int(seg.tokens.numel()) for seg in segments)
+        if segments:
+            packed = pack(segments, self.model.device)
+            self.model.forward(
+                packed.input_ids,
+                packed.positions,
+                packed.out_slots,
+                packed.layout,
+                logits_rows=torch.zeros(1, dtype=torch.int64),
+                phase="refresh",
+                head_inputs=packed.head_inputs,
+            )
+        for s in touched:
+            assert s.features is not None
+            s.features.trim(min(s.num_fed, len(s.committed) - 1))
+        return rows
+
     def _append_plain(self, state: RequestState, tokens: Sequence[int]) -> None:
         """Commit tokens of plain rounds (the target decoded them without a draft): a draft the
         cache had for the round after the outcome is stale, and so are the K/V slots of its
@@ -317,10 +380,10 @@ class SpeculatorEngine:
         need = [s for s in states if s is not None and s.draft is None]
         if need:
             self._prefill(need, self.prefill_chunk_tokens)
-            ready = [s for s in need if s.backlog == 0]
+            ready = [s for s in need if s.prefilled]
             pool_full = self._pool_free() == 0  # else the chunk's budget ran out first
             for s in need:
-                if s.backlog:
+                if not s.prefilled:
                     self._degrade(s, backup, depth, pool_full)
             if backup == "jit":
                 # A jit draft feeds the unfed committed tokens (the root) and d_1 .. d_{D-1}.
@@ -387,16 +450,16 @@ class SpeculatorEngine:
         """Feed at most `budget` tokens (and what the pool holds) of the states' backlogs in one
         forward, shortest backlog first (so a long prompt holds up as few requests as possible);
         returns the states whose prefill this completed."""
-        pending = sorted((s for s in states if s.backlog > 0), key=lambda s: s.backlog)
+        pending = sorted((s for s in states if s.feedable > 0), key=lambda s: s.feedable)
         if not pending:
             return []
-        counts = prefill_plan([s.backlog for s in pending], budget, self._pool_free())
+        counts = prefill_plan([s.feedable for s in pending], budget, self._pool_free())
         feed_committed(self.model, pending, counts)
-        return [s for s, n in zip(pending, counts, strict=True) if n and s.backlog == 0]
+        return [s for s, n in zip(pending, counts, strict=True) if n and s.prefilled]
 
     def prefill_pending(self) -> bool:
         """Whether `advance_prefill` can make progress now (a backlog, and free KV slots)."""
-        return self._pool_free() > 0 and any(s.backlog for s in self.requests.values())
+        return self._pool_free() > 0 and any(s.feedable for s in self.requests.values())
 
     def advance_prefill(self) -> None:
         """Feed one chunk of pending prefill (at most `prefill_chunk_tokens`); requests opened
@@ -431,7 +494,7 @@ class SpeculatorEngine:
         todo = []
         for rid in rids:
             state = self.requests.get(rid)
-            if state is None or state.draft is not None or state.backlog:
+            if state is None or state.draft is not None or not state.prefilled:
                 continue
             state.first_round = False
             state.draft = Draft(tokens=[], q=None, candidates=None, source="prefill")
@@ -454,7 +517,7 @@ class SpeculatorEngine:
             raise ValueError(f"tree depth must be in 0..γ={self.config.lookahead}, got {depth}")
         depth = depth or self.build_depth or self.config.depth
         states = [s for r in rids if (s := self.requests.get(r)) is not None and s.draft]
-        states = [s for s in states if s.branches is None and s.backlog == 0]
+        states = [s for s in states if s.branches is None and s.prefilled]
         if not states or self.config.fanout_budget == 0:
             return
         plan = self.plan()

@@ -43,7 +43,8 @@ def feed_committed(
     offset = 0
     for s, todo in zip(fed, todos, strict=True):
         n = int(todo.numel())
-        built.append(causal_segment(s.slots, todo, s.num_fed, slots[offset : offset + n]))
+        seg = causal_segment(s.slots, todo, s.num_fed, slots[offset : offset + n])
+        built.append(seg.with_features(s.features))
         offset += n
     packed = pack(built, model.device)
     last = torch.tensor(
@@ -54,6 +55,7 @@ def feed_committed(
         packed.positions,
         packed.out_slots,
         packed.layout,
+        head_inputs=packed.head_inputs,
         logits_rows=last,
         phase=phase,
     )
@@ -78,7 +80,12 @@ def feed_tokens(
     ]
     packed = pack(segments, model.device)
     logits = model.forward(
-        packed.input_ids, packed.positions, packed.out_slots, packed.layout, phase=phase
+        packed.input_ids,
+        packed.positions,
+        packed.out_slots,
+        packed.layout,
+        phase=phase,
+        head_inputs=packed.head_inputs,
     )
     for s, seg in zip(states, segments, strict=True):
         s.slots = torch.cat([s.slots, seg.out_slots])

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -35,28 +34,11 @@ from sglang_ssd_kernels.branch_attention import plan_branch_attention
 from sglang_ssd.eagle3 import Eagle3Head, load_head
 from sglang_ssd.eagle3.load import target_tensors
 from sglang_ssd.phases import PhaseTimer
-from sglang_ssd.speculator.draft_model import AttentionLayout
+from sglang_ssd.speculator.draft_model import AttentionLayout, HeadInputs
 from sglang_ssd.speculator.draft_vocab import DraftVocab
 from sglang_ssd.speculator.kv_pool import KVPool, affordable_slots, available_memory, slot_bytes
 
 EMBED, LM_HEAD = "model.embed_tokens.weight", "lm_head.weight"
-
-
-@dataclass(frozen=True)
-class HeadInputs:
-    """What each of a forward's N rows reads besides its token.
-
-    Attributes:
-        prev_slots: int64 [N], the pool slot of each row's predecessor (position − 1) on its
-            path; -1 for a row at position 0.
-        features: [N, F] target features of each row's own position (F = n × target hidden),
-            or None when no row has them; rows with `known` False are ignored.
-        known: bool [N], which rows' features are given (None: none).
-    """
-
-    prev_slots: torch.Tensor
-    features: torch.Tensor | None = None
-    known: torch.Tensor | None = None
 
 
 def drop_dead_keys(

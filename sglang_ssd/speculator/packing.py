@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from sglang_ssd.speculator.draft_model import AttentionLayout
+from sglang_ssd.speculator.draft_model import AttentionLayout, HeadInputs
+from sglang_ssd.speculator.target_features import TargetFeatures
 
 
 @dataclass
@@ -37,6 +38,16 @@ class Segment:
     kv_slots: torch.Tensor
     mask: torch.Tensor
     prev_slots: torch.Tensor
+    features: torch.Tensor | None = None
+    known: torch.Tensor | None = None
+
+    def with_features(self, features: TargetFeatures | None) -> Segment:
+        """This segment with its queries' own target features (`TargetFeatures.at`; the
+        positions must be consecutive, as a causal segment's are); None changes nothing."""
+        if features is not None and self.tokens.numel():
+            start = int(self.positions[0])
+            self.features, self.known = features.at(start, self.tokens.numel())
+        return self
 
 
 def causal_segment(
@@ -113,7 +124,7 @@ class PackedForward:
     out_slots: torch.Tensor
     layout: AttentionLayout
     query_offsets: list[int]
-    prev_slots: torch.Tensor
+    head_inputs: HeadInputs
 
     def rows(self, segment: int, local: torch.Tensor | list[int]) -> torch.Tensor:
         """Packed row indices of `segment`'s queries `local` (int64)."""
@@ -149,5 +160,24 @@ def pack(segments: list[Segment], device: torch.device | str = "cpu") -> PackedF
         out_slots=torch.cat([s.out_slots for s in segments]).to(device),
         layout=layout,
         query_offsets=qo[:-1],
-        prev_slots=torch.cat([s.prev_slots.to(torch.int64) for s in segments]).to(device),
+        head_inputs=_head_inputs(segments, device),
     )
+
+
+def _head_inputs(segments: list[Segment], device: torch.device | str) -> HeadInputs:
+    """The segments' predecessor slots and own features, concatenated (features None when no
+    segment has any)."""
+    prev = torch.cat([s.prev_slots.to(torch.int64) for s in segments]).to(device)
+    with_feats = [s.features for s in segments if s.features is not None]
+    if not with_feats:
+        return HeadInputs(prev)
+    width, dtype = with_feats[0].shape[1], with_feats[0].dtype
+    feats = [
+        s.features if s.features is not None else torch.zeros(s.tokens.numel(), width, dtype=dtype)
+        for s in segments
+    ]
+    known = [
+        s.known if s.known is not None else torch.zeros(s.tokens.numel(), dtype=torch.bool)
+        for s in segments
+    ]
+    return HeadInputs(prev, torch.cat(feats).to(device), torch.cat(known).to(device))

@@ -62,33 +62,50 @@ def glue_decode(model: DraftModel, states: list[RequestState], plan: FanoutPlan)
 
     A draft without candidates (point mass or first round) gets all D + 1 rows, one with
     candidates from its own sampling gets only row D (all accepted), which only glue sees.
+    One forward for a causal LM; for an EAGLE-3 head, whose rows after the first one without
+    the target's features read the row before (`glue_waves`), one forward per such row.
     """
-    segments = []
-    need_rows: list[list[int]] = []
+    todos, slots, need_rows, waves = [], [], [], []
     for s in states:
         todo = torch.tensor(s.sequence[s.num_fed :], dtype=torch.int64)
-        slots = model.kv_pool.alloc(todo.numel())
-        segments.append(causal_segment(s.slots, todo, s.num_fed, slots))
+        todos.append(todo)
+        slots.append(model.kv_pool.alloc(todo.numel()))
         root = len(s.committed) - 1
         ks = range(s.draft.depth + 1) if s.draft.candidates is None else [s.draft.depth]
         need_rows.append([root + k - s.num_fed for k in ks])
-    packed = pack(segments, model.device)
-    rows = torch.cat([packed.rows(i, r) for i, r in enumerate(need_rows)])
-    logits = model.forward(
-        packed.input_ids,
-        packed.positions,
-        packed.out_slots,
-        packed.layout,
-        logits_rows=rows,
-        phase="glue",
-    )
-    offset = 0
-    for s, seg, r in zip(states, segments, need_rows, strict=True):
-        s.slots = torch.cat([s.slots, seg.out_slots])
+        waves.append(glue_waves(s, todo.numel()))
+    got: list[dict[int, torch.Tensor]] = [{} for _ in states]
+    for w in range(max(len(x) for x in waves)):
+        todo_now = [i for i in range(len(states)) if w < len(waves[i])]
+        segments, wanted = [], []
+        for i in todo_now:
+            s, (lo, hi) = states[i], waves[i][w]
+            seg = causal_segment(s.slots, todos[i][lo:hi], s.num_fed, slots[i][lo:hi])
+            segments.append(seg.with_features(s.features))
+            wanted.append([r for r in need_rows[i] if lo <= r < hi])
+        packed = pack(segments, model.device)
+        rows = torch.cat([packed.rows(j, [r - waves[i][w][0] for r in wanted[j]])
+                          for j, i in enumerate(todo_now)])  # fmt: skip
+        logits = model.forward(
+            packed.input_ids,
+            packed.positions,
+            packed.out_slots,
+            packed.layout,
+            head_inputs=packed.head_inputs,
+            logits_rows=rows if rows.numel() else rows.new_zeros(1),
+            phase="glue",
+        )
+        offset = 0
+        for j, i in enumerate(todo_now):
+            states[i].slots = torch.cat([states[i].slots, segments[j].out_slots])
+            for r in wanted[j]:
+                got[i][r] = logits[offset]
+                offset += 1
+    for s, r, rows_of in zip(states, need_rows, got, strict=True):
         depth = s.draft.depth
         num_cand = plan.num_candidates(depth)
-        top = torch.topk(logits[offset : offset + len(r)].float(), k=num_cand, dim=-1).indices
-        offset += len(r)
+        picked = torch.stack([rows_of[x] for x in r]).float()
+        top = torch.topk(picked, k=num_cand, dim=-1).indices
         if s.draft.candidates is None:
             s.draft.candidates = top
         else:
@@ -96,6 +113,21 @@ def glue_decode(model: DraftModel, states: list[RequestState], plan: FanoutPlan)
                 [*list(s.draft.candidates[:depth]), top[0]],
                 max(num_cand, s.draft.candidates.shape[1]),
             )
+
+
+def glue_waves(state: RequestState, n: int) -> list[tuple[int, int]]:
+    """The forwards glue splits a request's `n` unfed rows into, as [lo, hi) ranges: all in
+    one, unless the draft reads the target's features (`state.features`) and some rows have
+    none: then the rows up to the first of those, then one row per forward (each reads the
+    head's hidden of the row before it, `head_model`)."""
+    if state.features is None or n == 0:
+        return [(0, n)]
+    _, known = state.features.at(state.num_fed, n)
+    unknown = (~known).nonzero()
+    if unknown.numel() == 0:
+        return [(0, n)]
+    first = int(unknown[0]) + 1
+    return [(0, first)] + [(i, i + 1) for i in range(first, n)]
 
 
 def fork(state: RequestState, plan: FanoutPlan) -> tuple[list[int], list[int]]:
@@ -155,6 +187,7 @@ def _tree_decode(
             packed.positions,
             packed.out_slots,
             packed.layout,
+            head_inputs=packed.head_inputs,
             phase=f"tree_{depth}",
         )
         with model.phases.phase("sampling"):

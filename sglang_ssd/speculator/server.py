@@ -97,7 +97,7 @@ class SpeculatorServer:
         except Exception:
             logger.exception("SSD speculator: prefill failed; dropping the prefilling requests")
             for rid, state in list(self.engine.requests.items()):
-                if state.backlog or state.first_round:
+                if not state.prefilled or state.first_round:
                     self.engine.close(rid)
 
     def _dispatch(self, msg: object) -> None:

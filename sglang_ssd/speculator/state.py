@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from sglang_ssd.speculator.target_features import TargetFeatures
+
 
 def empty_slots(device: torch.device | str) -> torch.Tensor:
     """int64 [0] on `device`: the slots of a request nothing of which is fed yet (the pool's
@@ -87,6 +89,10 @@ class RequestState:
         branches: this round's pre-speculated branches, if built.
         first_round: pre-speculate the round after prefill once the prefill is done (set at
             open, cleared by the first outcome).
+        features: the target's features of committed positions, for a draft that reads them
+            (an EAGLE-3 head); None for a plain draft model.
+        stale_from: the first fed committed row computed before the target's features of the
+            position before it arrived (the head's own hidden stood in); refreshed next.
     """
 
     rid: str
@@ -99,6 +105,8 @@ class RequestState:
     draft: Draft | None = None
     branches: Branches | None = None
     first_round: bool = False
+    features: TargetFeatures | None = None
+    stale_from: int | None = None
 
     @property
     def num_fed(self) -> int:
@@ -108,6 +116,22 @@ class RequestState:
     def backlog(self) -> int:
         """Committed tokens before the root that are not fed yet (0 once prefilled)."""
         return max(len(self.committed) - 1 - self.num_fed, 0)
+
+    @property
+    def feedable(self) -> int:
+        """How much of the backlog can be fed now: all of it, or with `features` the rows whose
+        predecessor's features have arrived (row i reads f_{i-1})."""
+        if self.features is None:
+            return self.backlog
+        return min(self.backlog, max(self.features.count + 1 - self.num_fed, 0))
+
+    @property
+    def prefilled(self) -> bool:
+        """Whether the prefill is done: no backlog, and with `features` the features of every
+        committed position before the root (the root's row reads the last of them)."""
+        if self.backlog:
+            return False
+        return self.features is None or self.features.count >= len(self.committed) - 1
 
     @property
     def is_greedy(self) -> bool:

@@ -55,7 +55,7 @@ def prefill(model: HeadDraftModel, ids: torch.Tensor, feats: torch.Tensor) -> tu
     """Feed x_0..x_{T-1} with every feature known, in one forward; (slots, logits [T, V])."""
     slots = model.kv_pool.alloc(T)
     packed = pack([causal_segment(torch.empty(0, dtype=torch.int64), ids, 0, slots)])
-    inputs = HeadInputs(packed.prev_slots, feats, torch.ones(T, dtype=torch.bool))
+    inputs = HeadInputs(packed.head_inputs.prev_slots, feats, torch.ones(T, dtype=torch.bool))
     args = (packed.input_ids, packed.positions, packed.out_slots, packed.layout)
     return slots, model.forward(*args, head_inputs=inputs)
 
@@ -89,7 +89,7 @@ def test_branches_feed_back_the_heads_own_hidden(head: Eagle3Head, model: HeadDr
         seg = tree_segment(slots, lens, branch[:, :depth], tokens, lens + depth - 1)
         packed = pack([seg])
         args = (packed.input_ids, packed.positions, packed.out_slots, packed.layout)
-        got.append(model.forward(*args, head_inputs=HeadInputs(packed.prev_slots)))
+        got.append(model.forward(*args, head_inputs=HeadInputs(packed.head_inputs.prev_slots)))
     for b in range(2):
         past = ref.kv
         one = head(firsts[None, b : b + 1], feats[None, -1:], torch.tensor([[T - 1]]), past=past)
@@ -107,7 +107,7 @@ def test_a_drafted_predecessor_in_the_same_forward_is_refused(model: HeadDraftMo
     )
     args = (packed.input_ids, packed.positions, packed.out_slots, packed.layout)
     with pytest.raises(ValueError, match="same forward"):
-        model.forward(*args, head_inputs=HeadInputs(packed.prev_slots))
+        model.forward(*args, head_inputs=HeadInputs(packed.head_inputs.prev_slots))
     with pytest.raises(ValueError, match="HeadInputs"):
         model.forward(*args)
 
@@ -146,7 +146,7 @@ def test_load_takes_the_targets_embeddings(tiny_eagle3_head: tuple, tiny_target:
     ref = head(ids[:, 1:], feats[:, :-1], torch.arange(11)[None])
     slots = model.kv_pool.alloc(12)
     packed = pack([causal_segment(torch.empty(0, dtype=torch.int64), ids[0], 0, slots)])
-    inputs = HeadInputs(packed.prev_slots, feats[0], torch.ones(12, dtype=torch.bool))
+    inputs = HeadInputs(packed.head_inputs.prev_slots, feats[0], torch.ones(12, dtype=torch.bool))
     args = (packed.input_ids, packed.positions, packed.out_slots, packed.layout)
     logits = model.forward(*args, head_inputs=inputs)
     full = torch.full((11, model.vocab_size), float("-inf"))
