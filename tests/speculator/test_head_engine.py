@@ -63,7 +63,7 @@ def target(tiny_target: Path):
 def test_a_trained_head_speculates_through_the_engine(tiny_eagle3_head, tiny_target, target):
     """Accept length > 1.2 (issue: EAGLE-3 heads as SSD's speculator), cache hits among the
     drafts, and the KV pool empty after each request."""
-    folder, manifest = tiny_eagle3_head
+    folder, _ = tiny_eagle3_head
     model = HeadDraftModel.load(folder, tiny_target, dtype=torch.float32, num_slots=8192)
     engine = SpeculatorEngine(model, SSDConfig(lookahead=GAMMA, fanout_budget=8), seed=0)
     aux = model.config.aux_layer_ids
