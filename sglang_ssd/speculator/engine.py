@@ -35,7 +35,7 @@ from sglang_ssd.speculator.draft_model import DraftModel
 from sglang_ssd.speculator.drafting import pad_rows, sample_drafts
 from sglang_ssd.speculator.fanout_plan import FanoutPlan, LiveFanout
 from sglang_ssd.speculator.feeding import feed_committed, feed_tokens
-from sglang_ssd.speculator.packing import causal_segment, pack
+from sglang_ssd.speculator.packing import causal_segment, pack, run_packed
 from sglang_ssd.speculator.prespeculation import prespeculate
 from sglang_ssd.speculator.state import Draft, RequestState, empty_slots, generator_device
 from sglang_ssd.speculator.target_features import TargetFeatures
@@ -321,15 +321,7 @@ class SpeculatorEngine:
         rows = sum(int(seg.tokens.numel()) for seg in segments)
         if segments:
             packed = pack(segments, self.model.device)
-            self.model.forward(
-                packed.input_ids,
-                packed.positions,
-                packed.out_slots,
-                packed.layout,
-                logits_rows=torch.zeros(1, dtype=torch.int64),
-                phase="refresh",
-                head_inputs=packed.head_inputs,
-            )
+            run_packed(self.model, packed, "refresh", logits_rows=torch.zeros(1, dtype=torch.int64))
         for s in touched:
             assert s.features is not None
             s.features.trim(min(s.num_fed, len(s.committed) - 1))

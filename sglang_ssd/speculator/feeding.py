@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from sglang_ssd.speculator.draft_model import DraftModel
-from sglang_ssd.speculator.packing import Segment, causal_segment, pack
+from sglang_ssd.speculator.packing import Segment, causal_segment, pack, run_packed
 from sglang_ssd.speculator.state import RequestState
 
 
@@ -50,15 +50,7 @@ def feed_committed(
     last = torch.tensor(
         [o + seg.tokens.numel() - 1 for o, seg in zip(packed.query_offsets, built, strict=True)]
     )
-    logits = model.forward(
-        packed.input_ids,
-        packed.positions,
-        packed.out_slots,
-        packed.layout,
-        head_inputs=packed.head_inputs,
-        logits_rows=last,
-        phase=phase,
-    )
+    logits = run_packed(model, packed, phase, logits_rows=last)
     for s, seg in zip(fed, built, strict=True):
         s.slots = torch.cat([s.slots, seg.out_slots])
     return logits
@@ -79,14 +71,7 @@ def feed_tokens(
         for i, (s, t) in enumerate(zip(states, tokens, strict=True))
     ]
     packed = pack(segments, model.device)
-    logits = model.forward(
-        packed.input_ids,
-        packed.positions,
-        packed.out_slots,
-        packed.layout,
-        phase=phase,
-        head_inputs=packed.head_inputs,
-    )
+    logits = run_packed(model, packed, phase)
     for s, seg in zip(states, segments, strict=True):
         s.slots = torch.cat([s.slots, seg.out_slots])
     return logits

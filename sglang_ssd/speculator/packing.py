@@ -10,6 +10,7 @@ convention with page size 1 (see `sglang_ssd_kernels.branch_attention`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -181,3 +182,19 @@ def _head_inputs(segments: list[Segment], device: torch.device | str) -> HeadInp
         for s in segments
     ]
     return HeadInputs(prev, torch.cat(feats).to(device), torch.cat(known).to(device))
+
+
+def run_packed(
+    model: Any, packed: PackedForward, phase: str, logits_rows: torch.Tensor | None = None
+) -> torch.Tensor:
+    """`model.forward` (a `DraftModel` or `HeadDraftModel`) over `packed`: its tokens,
+    positions, out slots, layout and head inputs; returns the float32 [M or N, V] logits."""
+    return model.forward(
+        packed.input_ids,
+        packed.positions,
+        packed.out_slots,
+        packed.layout,
+        logits_rows=logits_rows,
+        phase=phase,
+        head_inputs=packed.head_inputs,
+    )

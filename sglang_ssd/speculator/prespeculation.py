@@ -19,7 +19,7 @@ from sglang_ssd.saguaro import SpeculationCache
 from sglang_ssd.speculator.draft_model import DraftModel
 from sglang_ssd.speculator.drafting import DraftSample, pad_rows, sample_drafts
 from sglang_ssd.speculator.fanout_plan import FanoutPlan
-from sglang_ssd.speculator.packing import causal_segment, pack, tree_segment
+from sglang_ssd.speculator.packing import causal_segment, pack, run_packed, tree_segment
 from sglang_ssd.speculator.state import Branches, RequestState
 
 
@@ -84,17 +84,10 @@ def glue_decode(model: DraftModel, states: list[RequestState], plan: FanoutPlan)
             segments.append(seg.with_features(s.features))
             wanted.append([r for r in need_rows[i] if lo <= r < hi])
         packed = pack(segments, model.device)
-        rows = torch.cat([packed.rows(j, [r - waves[i][w][0] for r in wanted[j]])
-                          for j, i in enumerate(todo_now)])  # fmt: skip
-        logits = model.forward(
-            packed.input_ids,
-            packed.positions,
-            packed.out_slots,
-            packed.layout,
-            head_inputs=packed.head_inputs,
-            logits_rows=rows if rows.numel() else rows.new_zeros(1),
-            phase="glue",
-        )
+        local = [[r - waves[i][w][0] for r in wanted[j]] for j, i in enumerate(todo_now)]
+        rows = torch.cat([packed.rows(j, r) for j, r in enumerate(local)])
+        # A wave may want no logits (committed rows only): the head runs on one row then.
+        logits = run_packed(model, packed, "glue", rows if rows.numel() else rows.new_zeros(1))
         offset = 0
         for j, i in enumerate(todo_now):
             states[i].slots = torch.cat([states[i].slots, segments[j].out_slots])
@@ -182,14 +175,7 @@ def _tree_decode(
                 )
             )
         packed = pack(segments, model.device)
-        logits = model.forward(
-            packed.input_ids,
-            packed.positions,
-            packed.out_slots,
-            packed.layout,
-            head_inputs=packed.head_inputs,
-            phase=f"tree_{depth}",
-        )
+        logits = run_packed(model, packed, f"tree_{depth}")
         with model.phases.phase("sampling"):
             sample = sample_drafts(
                 logits, row_states, [top_m[depth - 1]] * len(row_states), beta, num_cand
