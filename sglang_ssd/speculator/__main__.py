@@ -19,10 +19,12 @@ import time
 import torch
 
 from sglang_ssd.config import SSDConfig, parse_cpu_list
+from sglang_ssd.eagle3 import is_eagle3_head
 from sglang_ssd.placement import pin_process
 from sglang_ssd.speculator import draft_vocab
 from sglang_ssd.speculator.draft_model import DraftModel
 from sglang_ssd.speculator.engine import SpeculatorEngine
+from sglang_ssd.speculator.head_model import HeadDraftModel
 from sglang_ssd.speculator.kv_pool import POOL_MEMORY_SHARE
 from sglang_ssd.speculator.server import SpeculatorServer
 from sglang_ssd.transport import LinkAddress, SpeculatorLink, TransportError
@@ -52,10 +54,42 @@ def watch_parent(parent_pid: int, poll_s: float = PARENT_POLL_S) -> threading.Th
     return thread
 
 
+def load_draft(
+    model_path: str,
+    target_model_path: str | None,
+    device: str,
+    dtype: torch.dtype,
+    kv_slots: int,
+) -> DraftModel | HeadDraftModel:
+    """The draft at `model_path`: an EAGLE-3 head folder (`eagle3.is_eagle3_head`) becomes a
+    `HeadDraftModel` reading the target's embeddings from `target_model_path`, any other HF
+    causal-LM folder a `DraftModel`; the KV pool takes at most `POOL_MEMORY_SHARE` of the
+    device's free memory.
+
+    Raises:
+        ValueError: an EAGLE-3 head without `target_model_path`, or an unusable head.
+        FileNotFoundError: a folder without config.json.
+    """
+    if is_eagle3_head(model_path):
+        if not target_model_path:
+            raise ValueError(f"{model_path} is an EAGLE-3 head: it needs --target-model-path")
+        return HeadDraftModel.load(
+            model_path, target_model_path, device, dtype, kv_slots, POOL_MEMORY_SHARE
+        )
+    return DraftModel.load(
+        model_path, device=device, dtype=dtype, num_slots=kv_slots, memory_share=POOL_MEMORY_SHARE
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sglang_ssd.speculator")
     parser.add_argument("--address", required=True, help="LinkAddress JSON from the target")
     parser.add_argument("--model-path", required=True, help="draft model folder (HF format)")
+    parser.add_argument(
+        "--target-model-path",
+        default=None,
+        help="the target's folder (an EAGLE-3 head draft reads the target's embeddings)",
+    )
     parser.add_argument("--config", required=True, help="SSDConfig JSON")
     parser.add_argument("--device", default="cpu", help="cpu or cuda:N")
     parser.add_argument("--cpus", default=None, help="CPU list to pin to (CPU device)")
@@ -87,12 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     elif args.cpus:
         pin_process(parse_cpu_list(args.cpus))
     kv_slots = args.kv_slots or config.draft_kv_slots(None)
-    model = DraftModel.load(
-        args.model_path,
-        device=args.device,
-        dtype=getattr(torch, args.dtype),
-        num_slots=kv_slots,
-        memory_share=POOL_MEMORY_SHARE,
+    model = load_draft(
+        args.model_path, args.target_model_path, args.device, getattr(torch, args.dtype), kv_slots
     )
     pool = model.kv_pool
     if pool.num_slots < kv_slots:
@@ -109,10 +139,14 @@ def main(argv: list[str] | None = None) -> int:
         pool.num_slots,
         pool.num_slots * pool.bytes_per_slot / 2**20,
     )
-    if config.draft_vocab:
-        draft_vocab.install(model, args.model_path, config.draft_vocab)
-    if args.target_vocab_size:
-        draft_vocab.limit_to_target(model, args.target_vocab_size)
+    if isinstance(model, HeadDraftModel):  # its draft vocabulary is the head's own
+        if config.draft_vocab:
+            logger.warning("--ssd-draft-vocab is ignored: the EAGLE-3 head has its own vocabulary")
+    else:
+        if config.draft_vocab:
+            draft_vocab.install(model, args.model_path, config.draft_vocab)
+        if args.target_vocab_size:
+            draft_vocab.limit_to_target(model, args.target_vocab_size)
     engine = SpeculatorEngine(model, config)
     try:
         link = SpeculatorLink.connect(

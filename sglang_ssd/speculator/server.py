@@ -135,6 +135,7 @@ class SpeculatorServer:
         outcomes = [OutcomeIn(o.rid, o.accept_len, o.bonus, o.extra) for o in step.outcomes]
         engine.build_depth = step.tree_depth  # for every build until the next Step
         engine.apply_outcomes(outcomes)
+        self._add_features(step)
         t1 = time.perf_counter()
         drafts = self._timed_rest(
             "serve", lambda: engine.serve(step.requests, step.backup, engine.config.lookahead)
@@ -154,6 +155,18 @@ class SpeculatorServer:
             self._timed_rest("build", lambda: engine.build(step.requests))
             self.build_s = time.perf_counter() - t3
             self.counters["build_s"] += self.build_s
+
+    def _add_features(self, step: Step) -> None:
+        """The Step's target features (an EAGLE-3 head draft; the link received the tensor with
+        the Step) to each request, then one refresh forward of the rows they make stale."""
+        features = self.link.last_features if step.features else None
+        if features is None:
+            return
+        offset = 0
+        for span in step.features:
+            self.engine.add_features(span.rid, span.start, features[offset : offset + span.count])
+            offset += span.count
+        self.engine.refresh_features()
 
     def _timed_rest(self, name: str, work: Callable[[], T]) -> T:
         """Run `work`; the part of its time no phase inside it claimed is ``{name}_other``

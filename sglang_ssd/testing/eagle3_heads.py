@@ -33,7 +33,8 @@ def head_config(**overrides: object) -> dict:
 
 
 def random_head(raw: dict, seed: int = 0) -> Eagle3Head:
-    """A head of config `raw` with random weights (norm weights near 1), d2t a random map."""
+    """A head of config `raw` with random weights (norm weights near 1), d2t a random map onto
+    distinct target ids."""
     generator = torch.Generator().manual_seed(seed)
     head = Eagle3Head(Eagle3Config.from_dict(raw))
     with torch.no_grad():
@@ -42,5 +43,6 @@ def random_head(raw: dict, seed: int = 0) -> Eagle3Head:
             param.copy_(1 + 0.1 * noise if param.dim() == 1 else 0.3 * noise)
         if head.lm_head is not None:
             spare = head.config.vocab_size - head.config.lm_head_rows
-            head.d2t.copy_(torch.randint(0, spare + 1, head.d2t.shape, generator=generator))
+            offsets = torch.randint(0, spare + 1, head.d2t.shape, generator=generator)
+            head.d2t.copy_(offsets.sort().values)  # ascending: distinct target ids i + d2t[i]
     return head

@@ -13,6 +13,7 @@ from sglang_ssd.transport.link import (
     TargetLink,
     check_draft_tensors,
     draft_specs,
+    feature_spec,
 )
 from sglang_ssd.transport.messages import (
     PROTOCOL_VERSION,
@@ -25,6 +26,7 @@ from sglang_ssd.transport.messages import (
     Drafts,
     DraftSource,
     Error,
+    FeatureSpan,
     Hello,
     HelloAck,
     LiveSettings,
@@ -59,6 +61,7 @@ __all__ = [
     "DraftSource",
     "Drafts",
     "Error",
+    "FeatureSpan",
     "Hello",
     "HelloAck",
     "LinkAddress",
@@ -86,4 +89,5 @@ __all__ = [
     "draft_specs",
     "encode",
     "encode_admin",
+    "feature_spec",
 ]

@@ -93,6 +93,13 @@ def draft_specs(drafts: Drafts) -> list[TensorSpec]:
     return specs
 
 
+def feature_spec(step: Step) -> TensorSpec | None:
+    """Shape and dtype of the features tensor that follows ``step`` (None: no features)."""
+    if not step.features:
+        return None
+    return (step.feature_rows(), step.feature_size), getattr(torch, step.feature_dtype)
+
+
 def check_draft_tensors(drafts: Drafts, tokens: torch.Tensor, q: torch.Tensor | None) -> str:
     """Why ``tokens``/``q`` do not match ``drafts``, or "" when they do.
 
@@ -186,15 +193,27 @@ class TargetLink:
             raise RuntimeError("the link is not connected: call accept() first")
         return self._control
 
-    def send_step(self, step: Step, timeout_s: float = DEFAULT_SEND_TIMEOUT_S) -> None:
-        """Send the round's Step; its step_id must exceed every earlier one.
+    def send_step(
+        self,
+        step: Step,
+        timeout_s: float = DEFAULT_SEND_TIMEOUT_S,
+        features: torch.Tensor | None = None,
+    ) -> None:
+        """Send the round's Step; its step_id must exceed every earlier one. With
+        ``step.features``, ``features`` (`feature_spec`) follows on the tensor link, which
+        blocks until the speculator has received it (at most the tensor timeout).
 
         Any reply still pending for an earlier Step is drained (and discarded) first.
-        Raises ValueError on a non-increasing step_id, TransportTimeout if the send blocks.
+        Raises ValueError on a non-increasing step_id or features that do not match the Step,
+        TransportTimeout if the send blocks, TransportError if the tensor transfer fails.
         """
         control = self._connected()
         if step.step_id <= self._last_step_id:
             raise ValueError(f"step_id {step.step_id} ≤ the last sent {self._last_step_id}")
+        spec = feature_spec(step)
+        got = None if features is None else (tuple(features.shape), features.dtype)
+        if got != spec:
+            raise ValueError(f"Step features {got}, the Step announces {spec}")
         while self._pump(0.0):
             pass
         if self._ready is not None:
@@ -203,6 +222,8 @@ class TargetLink:
             self._ready = None
         control.send(step, timeout_s)
         self._step, self._last_step_id = step, step.step_id
+        if features is not None:
+            self.tensors.send([features])
 
     def recv_drafts(self, step_id: int, timeout_s: float) -> ReceivedDrafts | None:
         """The reply to the outstanding Step ``step_id``, or None after ``timeout_s`` seconds.
@@ -309,6 +330,7 @@ class SpeculatorLink:
         """Use `connect`."""
         self._control, self.tensors = control, tensors
         self._last_step_id = -1
+        self.last_features: torch.Tensor | None = None  # of the latest Step received
 
     @classmethod
     def connect(
@@ -347,10 +369,17 @@ class SpeculatorLink:
         """The next message for the speculator, or None after ``timeout_s`` seconds.
 
         Returns Step (new ones only), Open, Close, Configure, StatsRequest, Shutdown or Error;
-        duplicate Steps and messages meant for the target are logged and skipped.
+        duplicate Steps and messages meant for the target are logged and skipped. A Step's
+        features tensor (`feature_spec`) is received with it, as `last_features` (None for a
+        Step without features).
         """
         deadline = time.monotonic() + timeout_s
         while (msg := self._control.recv(max(deadline - time.monotonic(), 0.0))) is not None:
+            spec = feature_spec(msg) if isinstance(msg, Step) else None
+            if spec is not None:  # always, to stay in step with the tensor stream
+                (self.last_features,) = self.tensors.recv([spec])
+            elif isinstance(msg, Step):
+                self.last_features = None
             if not isinstance(msg, _FOR_SPECULATOR):
                 logger.warning("SSD speculator: ignored unexpected %s", type(msg).__name__)
             elif isinstance(msg, Step) and msg.step_id <= self._last_step_id:

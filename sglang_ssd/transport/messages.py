@@ -34,7 +34,8 @@ from sglang_ssd.config import FLAGS, LIVE_FIELDS, SSDConfig, check_setting
 # Close.reason (never read). 4: SpeculatorTiming.phases (seconds by phase, issue 12).
 # 5: Step.tree_depth (the target's self-tuned D for the builds after this Step) and
 # SpeculatorTiming.forwards / build_forwards. 6: Outcome.extra (tokens of plain rounds).
-PROTOCOL_VERSION = 6
+# 7: Step.features / feature_size / feature_dtype (an EAGLE-3 head's target features).
+PROTOCOL_VERSION = 7
 
 MAX_ID = 2**63 - 1
 MAX_TOKEN_ID = 2**31 - 1
@@ -174,13 +175,27 @@ class Outcome(_Struct):
     extra: list[TokenId] = msgspec.field(default_factory=list)
 
 
+FeatureDtype = Literal["bfloat16", "float16", "float32"]
+
+
+class FeatureSpan(_Struct):
+    """The target's EAGLE-3 features of one request's committed positions start .. start +
+    count − 1 (the prompt after its prefill, the k + 1 committed positions of each round)."""
+
+    rid: Rid
+    start: Annotated[int, Meta(ge=0, le=MAX_ID)]
+    count: Annotated[int, Meta(ge=1, le=MAX_BATCH)]
+
+
 class Step(_Message, tag="step"):
     """Target → speculator, once per decode round.
 
     step_id: strictly increasing per link. outcomes: the last round's results; requests: rids (in
     batch order) that need a draft now; backup: the fallback the target chose for misses;
     tree_depth: D for the pre-speculation after this Step (`DepthTuner`), 0 = the speculator's
-    configured depth. Every Step is answered by exactly one `Drafts` with the same step_id.
+    configured depth. features: spans of target features for an EAGLE-3 head draft; their
+    tensor, `feature_dtype` [Σ count, feature_size] in span order, follows on the tensor link
+    (`link.feature_spec`). Every Step is answered by exactly one `Drafts` with the same step_id.
     """
 
     step_id: Id
@@ -188,10 +203,23 @@ class Step(_Message, tag="step"):
     requests: Annotated[list[Rid], Meta(max_length=MAX_BATCH)]
     backup: StepBackup
     tree_depth: Annotated[int, Meta(ge=0, le=MAX_DEPTH)] = 0
+    features: Annotated[list[FeatureSpan], Meta(max_length=MAX_BATCH)] = msgspec.field(
+        default_factory=list
+    )
+    feature_size: Annotated[int, Meta(ge=0, le=MAX_VOCAB)] = 0
+    feature_dtype: FeatureDtype = "bfloat16"
 
     def __post_init__(self) -> None:
         _unique("Step.outcomes", [o.rid for o in self.outcomes])
         _unique("Step.requests", self.requests)
+        if self.features and self.feature_size < 1:
+            raise ValueError("Step.features needs feature_size >= 1")
+        if self.feature_rows() * self.feature_size * 4 > MAX_TENSOR_BYTES:
+            raise ValueError(f"Step features exceed {MAX_TENSOR_BYTES} bytes")
+
+    def feature_rows(self) -> int:
+        """Rows of the features tensor that follows this Step: the spans' counts summed."""
+        return sum(span.count for span in self.features)
 
 
 _POINT_MASS_SOURCES = (DraftSource.NGRAM, DraftSource.RANDOM, DraftSource.MISSING)

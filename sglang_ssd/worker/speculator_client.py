@@ -81,7 +81,8 @@ class SpeculatorClient:
     `target_device` is where the target verifies (q is laid out there); `vocab_size` its logit
     width; `gpus` the server's ranks (`placement.TargetGpus`; default: a lone target) and
     `dp_rank` the DP replica this client serves (default: found from the target's GPU; 0 on
-    CPU), which places its speculator on the replica's own GPU or cores.
+    CPU), which places its speculator on the replica's own GPU or cores; `target_model_path`
+    the target's folder (an EAGLE-3 head draft reads the target's embeddings there).
 
     Raises (constructor): `TransportError` if the speculator does not start; `ValueError` on an
     impossible placement (CPU split, or a speculator GPU that collides with the target's).
@@ -96,6 +97,7 @@ class SpeculatorClient:
         capacity: TargetCapacity | None = None,
         gpus: TargetGpus | None = None,
         dp_rank: int | None = None,
+        target_model_path: str | None = None,
     ) -> None:
         self.capacity = capacity
         self.config = config.replace(draft_kv_tokens=config.draft_kv_slots(capacity))
@@ -136,6 +138,7 @@ class SpeculatorClient:
             self._lock,
             self._forget,
             target_vocab_size=vocab_size,
+            target_model_path=target_model_path,
         )
         self.supervisor.start()
 

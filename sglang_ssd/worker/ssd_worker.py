@@ -129,6 +129,7 @@ class SSDWorker(BaseSpecWorker):
             vocab_size=runner.model_config.vocab_size,
             gpus=TargetGpus.of(self.server_args),
             dp_rank=self.dp_rank,
+            target_model_path=self.server_args.model_path,
             capacity=TargetCapacity(
                 max_total_tokens=int(runner.max_total_num_tokens),
                 max_running_requests=int(runner.max_running_requests),

@@ -43,9 +43,11 @@ class SpeculatorProcess:
         placement: Placement,
         dtype: str = "bfloat16",
         target_vocab_size: int | None = None,
+        target_model_path: str | None = None,
     ) -> None:
         """Spawn the speculator; `target_vocab_size` (the target's logit width) keeps a wider
-        draft from drafting ids the target lacks (`draft_vocab.limit`)."""
+        draft from drafting ids the target lacks (`draft_vocab.limit`); `target_model_path`
+        gives an EAGLE-3 head draft the target's embeddings."""
         cmd = [
             sys.executable,
             "-m",
@@ -67,6 +69,8 @@ class SpeculatorProcess:
         ]
         if target_vocab_size is not None:
             cmd += ["--target-vocab-size", str(target_vocab_size)]
+        if target_model_path is not None:
+            cmd += ["--target-model-path", str(target_model_path)]
         env = dict(os.environ)
         if placement.cpus:
             cmd += ["--cpus", ",".join(map(str, placement.cpus))]
@@ -122,6 +126,7 @@ class Supervisor:
         lock: the client's lock.
         forget: drops the client's per-request state.
         target_vocab_size: the target's logit width, passed to every speculator started.
+        target_model_path: the target's folder, passed likewise (an EAGLE-3 head reads it).
     """
 
     def __init__(
@@ -132,9 +137,11 @@ class Supervisor:
         lock: threading.Lock,
         forget: Callable[[], None],
         target_vocab_size: int | None = None,
+        target_model_path: str | None = None,
     ) -> None:
         self.config = config
         self.target_vocab_size = target_vocab_size
+        self.target_model_path = target_model_path
         self.model_path = model_path
         self.placement = placement
         self.lock = lock
@@ -167,6 +174,7 @@ class Supervisor:
             address,
             self.placement,
             target_vocab_size=self.target_vocab_size,
+            target_model_path=self.target_model_path,
         )
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         try:

@@ -8,22 +8,29 @@ from collections import deque
 import torch
 
 from sglang_ssd.speculator.engine import SpeculatorEngine
-from sglang_ssd.transport import Drafts, Shutdown
+from sglang_ssd.transport import Drafts, Shutdown, Step
 
 
 class QueuedLink:
     """The speculator's side of a link whose messages are all queued before the loop starts;
-    records each Drafts reply with the fed length of every request when it was sent."""
+    records each Drafts reply with the fed length of every request when it was sent. A queued
+    (Step, tensor) pair is a Step with its features (`SpeculatorLink.last_features`)."""
 
     def __init__(self, engine: SpeculatorEngine, messages: list) -> None:
         self.engine = engine
         self.inbox = deque(messages)
         self.replies: list[tuple[Drafts, dict[str, int]]] = []
         self.sent: list = []
+        self.last_features: torch.Tensor | None = None
 
     def recv(self, timeout_s: float):
         if self.inbox:
-            return self.inbox.popleft()
+            msg = self.inbox.popleft()
+            if isinstance(msg, tuple):  # (Step, its features tensor)
+                msg, self.last_features = msg
+            elif isinstance(msg, Step):
+                self.last_features = None
+            return msg
         return None if self.engine.prefill_pending() else Shutdown()
 
     def send(self, msg) -> None:

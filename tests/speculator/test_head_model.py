@@ -27,9 +27,6 @@ TOL = {"atol": 1e-4, "rtol": 1e-4}
 @pytest.fixture
 def head() -> Eagle3Head:
     head = random_head(head_config()).eval()
-    with torch.no_grad():  # a distinct, ascending d2t map (target ids i + d2t[i])
-        spare = head.config.vocab_size - head.config.lm_head_rows
-        head.d2t.copy_(torch.sort(torch.randint(0, spare + 1, head.d2t.shape)).values)
     head.attach_target(torch.randn(VOCAB, HIDDEN, generator=torch.Generator().manual_seed(2)))
     return head
 

@@ -298,3 +298,43 @@ def test_speculator_drops_duplicate_and_old_steps(caplog) -> None:
 def test_nccl_without_cuda_is_a_clear_error() -> None:
     with pytest.raises(m.TransportError, match="CUDA"):
         TensorLink(master_store(), 0, "s", backend="nccl", timeout_s=1.0)
+
+
+def test_step_features_follow_on_the_tensor_link() -> None:
+    """A Step with feature spans carries its [Σ count, F] tensor to the speculator, which gets
+    it as `last_features`; the next Step without spans clears it; a tensor unlike the Step's
+    announcement is refused before anything is sent."""
+    target, spec = linked_pair()
+    spans = [m.FeatureSpan(rid="a", start=0, count=3), m.FeatureSpan(rid="b", start=7, count=2)]
+    feats = torch.arange(5 * 4, dtype=torch.float32).view(5, 4)
+
+    def speculator() -> list:
+        got = []
+        while (msg := spec.recv(5.0)) is not None and isinstance(msg, m.Step):
+            got.append(spec.last_features)
+            spec.send_drafts(*make_drafts(msg.step_id, msg.requests))
+        spec.close()
+        return got
+
+    thread, out = in_thread(speculator)
+    with_feats = m.Step(
+        step_id=1,
+        outcomes=[],
+        requests=["a"],
+        backup="jit",
+        features=spans,
+        feature_size=4,
+        feature_dtype="float32",
+    )
+    with pytest.raises(ValueError, match="announces"):
+        target.send_step(with_feats, features=feats[:4])
+    target.send_step(with_feats, features=feats)
+    target.recv_drafts(1, 5.0)
+    target.send_step(m.Step(step_id=2, outcomes=[], requests=["a"], backup="jit"))
+    target.recv_drafts(2, 5.0)
+    target.send(m.Shutdown())
+    got = joined(thread, out)
+    target.close()
+    assert torch.equal(got[0], feats) and got[1] is None
+    with pytest.raises(ValueError, match="feature_size"):
+        m.Step(step_id=3, outcomes=[], requests=[], backup="jit", features=spans)

@@ -81,6 +81,7 @@ class ThreadSpeculator:
         address: LinkAddress,
         placement: Placement,
         target_vocab_size: int | None = None,
+        target_model_path: str | None = None,
     ) -> None:
         self.pid = 1_000_000 + len(self.started)
         self.proc = SimpleNamespace(returncode=None)
