@@ -21,6 +21,7 @@ that have already imported SGLang's scheduler (the scheduler subprocess).
 | `Scheduler.get_output_streamer_class` | AROUND | emit per-request SSD counts |
 | `SchedulerMetricsReporter.report_decode_stats` | AROUND | decode log line, gauges |
 | `Req.update_finish_state` | AROUND | a run finishes at its first stop, as plain decoding would |
+| `ModelRunner.init_spec_aux_hidden_state` | AFTER | capture an EAGLE-3 head draft's features |
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from typing import Any
 
 from sglang_ssd.integration import (
     admin,
+    eagle3_capture,
     finish_order,
     request_checks,
     request_metrics,
@@ -157,6 +159,7 @@ def install() -> None:
                 finish_order.update_finish_state,
                 HookType.AROUND,
             ),
+            (eagle3_capture.HOOK_TARGET, eagle3_capture.enable_feature_capture, HookType.AFTER),
         ]
     for target, fn, kind in hooks:
         HookRegistry.register(target, fn, kind)

@@ -167,12 +167,27 @@ FLAGS: tuple[FlagRule, ...] = (
     ),
     FlagRule(
         "an EAGLE-3 head as `--speculative-draft-model-path`",
+        True,
+        "SSD detects `LlamaForCausalLMEagle3`: the speculator runs the head over its KV pool "
+        "and the target ships the head's features (its captured layers) with each Step; the "
+        "radix cache must be off (next row)",
+        "tests/integration/test_ssd_head_server.py",
+    ),
+    FlagRule(
+        "an EAGLE-3 head draft without `--disable-radix-cache`",
         False,
-        "SSD's speculator runs a causal LM draft; an EAGLE-3 head (`LlamaForCausalLMEagle3`) "
-        "needs the target's features over the link, which SSD does not ship yet (issue 15); "
-        "serve the head with `--speculative-algorithm EAGLE3`",
+        "the target computes no features for a prefix the radix cache holds, and the head "
+        "drafts from them; start the server with `--disable-radix-cache`",
         _REFUSAL_TEST,
-        _eagle3_draft,
+        lambda cfg: _eagle3_draft(cfg) and not _get(cfg, "disable_radix_cache"),
+    ),
+    FlagRule(
+        "`--enable-return-hidden-states` with an EAGLE-3 head draft",
+        False,
+        "the target's forwards then return the head's features (the captured layers' inputs), "
+        "not the final hidden states",
+        _REFUSAL_TEST,
+        lambda cfg: _eagle3_draft(cfg) and bool(_get(cfg, "enable_return_hidden_states")),
     ),
     FlagRule(
         "`--tokenizer-worker-num` > 1",

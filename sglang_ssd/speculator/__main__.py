@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         pool.num_slots * pool.bytes_per_slot / 2**20,
     )
     if isinstance(model, HeadDraftModel):  # its draft vocabulary is the head's own
-        if config.draft_vocab:
+        if config.draft_vocab != SSDConfig().draft_vocab:
             logger.warning("--ssd-draft-vocab is ignored: the EAGLE-3 head has its own vocabulary")
     else:
         if config.draft_vocab:

@@ -323,8 +323,7 @@ class SpeculatorEngine:
             packed = pack(segments, self.model.device)
             run_packed(self.model, packed, "refresh", logits_rows=torch.zeros(1, dtype=torch.int64))
         for s in touched:
-            assert s.features is not None
-            s.features.trim(min(s.num_fed, len(s.committed) - 1))
+            s.trim_fed_features()
         return rows
 
     def _append_plain(self, state: RequestState, tokens: Sequence[int]) -> None:

@@ -53,6 +53,7 @@ def feed_committed(
     logits = run_packed(model, packed, phase, logits_rows=last)
     for s, seg in zip(fed, built, strict=True):
         s.slots = torch.cat([s.slots, seg.out_slots])
+        s.trim_fed_features()
     return logits
 
 

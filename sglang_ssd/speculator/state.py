@@ -133,6 +133,13 @@ class RequestState:
             return False
         return self.features is None or self.features.count >= len(self.committed) - 1
 
+    def trim_fed_features(self) -> None:
+        """Forget the target features of committed rows already fed: feeding row p wrote
+        fc(f_p) into its slot, so f_p is never read again (a refresh recomputes rows from
+        features that arrived after they were fed, which are not trimmed)."""
+        if self.features is not None:
+            self.features.trim(min(self.num_fed, len(self.committed) - 1))
+
     @property
     def is_greedy(self) -> bool:
         """SGLang's greedy rule: top_k == 1 or temperature ~ 0 (DESIGN.md §1)."""

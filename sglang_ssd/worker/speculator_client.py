@@ -44,6 +44,7 @@ from sglang_ssd.transport import (
 from sglang_ssd.worker.core_lending import CoreLending
 from sglang_ssd.worker.draft_batch import DraftBatch, dense_q
 from sglang_ssd.worker.draft_provider import DraftSupplier, LocalNgramProvider, request_tokens
+from sglang_ssd.worker.feature_buffer import FeatureBuffer
 from sglang_ssd.worker.round_mode import RoundModePolicy
 from sglang_ssd.worker.supervisor import SpeculatorProcess, Supervisor
 
@@ -122,6 +123,8 @@ class SpeculatorClient:
         self.decode_rounds = 0
         self.last_seen: dict[str, int] = {}  # rid -> decode round it was last prefilled/decoded
         self.last_timing: dict[str, float] = {}
+        # An EAGLE-3 head draft's target features, from the forwards to the next Step.
+        self.features = FeatureBuffer()
         # The speculator's seconds by phase, summed over the Drafts it sent (`/ssd/stats`).
         self.speculator_phases = PhaseTimer()
         self.drafts_received = 0
@@ -164,6 +167,7 @@ class SpeculatorClient:
         """The linked speculator changed: it holds none of our requests."""
         self.opened.clear()
         self.pending.clear()
+        self.features.clear()
 
     def _usable(self) -> bool:
         return self.supervisor.usable()
@@ -217,6 +221,7 @@ class SpeculatorClient:
             if seen < self.decode_rounds - 1:
                 del self.last_seen[rid]
                 self.pending.pop(rid, None)
+                self.features.drop(rid)
                 if self.opened.pop(rid, None) is not None and self.link is not None:
                     self.link.send(Close(rid=rid))
 
@@ -233,12 +238,14 @@ class SpeculatorClient:
             elif known != len(tokens):
                 if known is not None:
                     link.send(Close(rid=req.rid))
+                self.features.keep_from_start(req.rid)
                 link.send(Open(rid=req.rid, token_ids=tokens, sampling=_sampling_spec(req)))
             self.opened[req.rid] = len(tokens)
         backup = "jit" if self.config.mode == "sync" else self.policy.choose(len(reqs)).value
         self.step_id += 1
         rids = [req.rid for req in reqs]
         depth = self._choose_depth(len(reqs), Backup(backup))
+        spans, features = self.features.take(rids)
         link.send_step(
             Step(
                 step_id=self.step_id,
@@ -246,7 +253,11 @@ class SpeculatorClient:
                 requests=rids,
                 backup=backup,
                 tree_depth=depth,
-            )
+                features=spans,
+                feature_size=0 if features is None else int(features.shape[1]),
+                feature_dtype=_feature_dtype(features),
+            ),
+            features=features,
         )
         got = self._wait_drafts(link)
         timing = got[0].timing
@@ -383,10 +394,21 @@ class SpeculatorClient:
                     t_backup=self.last_timing.get("backup_s"),
                 )
 
+    def add_features(self, rids: Sequence[str], rows: Sequence[tuple[int, torch.Tensor]]) -> None:
+        """The target's EAGLE-3 features of a forward: per request of `rids`, (first position,
+        features [n, F]) (`feature_buffer.extend_features` / `verify_features`); they go to the
+        speculator with the next Step that carries the request. Requests the speculator does
+        not hold (it is down, or they were never opened) are skipped."""
+        with self._lock:
+            for rid, (start, feats) in zip(rids, rows, strict=True):
+                if rid in self.opened:
+                    self.features.add(rid, start, feats)
+
     def close(self, rid: str) -> None:
         """The request finished or was aborted."""
         with self._lock:
             self.pending.pop(rid, None)
+            self.features.drop(rid)
             self.last_seen.pop(rid, None)
             if self.opened.pop(rid, None) is not None and self._usable():
                 try:
@@ -463,6 +485,7 @@ class SpeculatorClient:
                 target_opened=len(self.opened),
                 target_pending=len(self.pending),
                 target_tracked=len(self.last_seen),
+                target_features_buffered=len(self.features),
                 draft_kv_tokens=float(self.config.draft_kv_tokens or 0),
                 drafts_received=float(self.drafts_received),
                 draft_forwards=float(self.draft_forwards),
@@ -505,6 +528,19 @@ def outcome_since(
     if at >= len(tokens) or bonus not in (None, tokens[at]):
         return None
     return Outcome(rid=rid, accept_len=k, bonus=tokens[at], extra=list(tokens[at + 1 :]))
+
+
+def _feature_dtype(features: torch.Tensor | None) -> str:
+    """`Step.feature_dtype` of a features tensor (the default when there is none).
+
+    Raises:
+        ValueError: a dtype the protocol does not carry (bfloat16, float16, float32 only)."""
+    if features is None:
+        return "bfloat16"
+    name = str(features.dtype).removeprefix("torch.")
+    if name not in ("bfloat16", "float16", "float32"):
+        raise ValueError(f"target features of dtype {name}: the link carries 16/32-bit floats")
+    return name
 
 
 def _sampling_spec(req: Any) -> SamplingSpec:

@@ -23,7 +23,7 @@ from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_f
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.managers.utils import GenerationBatchResult
-from sglang.srt.model_executor.forward_batch_info import ForwardMode
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 from sglang.srt.runtime_context import get_device, get_parallel, get_spec
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
@@ -31,9 +31,11 @@ from sglang.srt.speculative.ngram_info import NgramVerifyInput
 from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcache
 
 from sglang_ssd.config import SSDConfig, TargetCapacity
+from sglang_ssd.integration.eagle3_capture import head_feature_layers
 from sglang_ssd.placement import TargetGpus
 from sglang_ssd.saguaro import SamplingBatch
 from sglang_ssd.worker.draft_batch import DraftBatch
+from sglang_ssd.worker.feature_buffer import extend_features, verify_features
 from sglang_ssd.worker.metrics import RoundTimer, count_request_rounds
 from sglang_ssd.worker.request_options import shape_verify_logits
 from sglang_ssd.worker.round_mode import RoundMode, record_request_tokens, request_accept_length
@@ -90,6 +92,9 @@ class SSDWorker(BaseSpecWorker):
         seed = server_args.random_seed if server_args.random_seed is not None else 0
         self.generator = torch.Generator(device=self.device).manual_seed(seed + 7919)
         self.draft_model_path = spec.speculative_draft_model_path
+        # An EAGLE-3 head draft reads the target's features (`eagle3_capture` made the model
+        # capture them): every target forward returns them (FULL) and they go to the speculator.
+        self.ships_features, _ = head_feature_layers(self.draft_model_path)
         self.tp = _tp_group()  # None with one TP rank: no broadcasts at all
         self.dp_rank = _dp_rank()  # this scheduler's DP replica: its own speculator and socket
         # Started by `alloc_memory_pool`, once the target's capacity (which sizes the
@@ -159,7 +164,12 @@ class SSDWorker(BaseSpecWorker):
         if provider is not None:
             provider.prepare(batch.reqs)
         with self._cores(provider is not None and provider.round_mode.plain_now):
-            result = self._target_worker.forward_batch_generation(batch)
+            result = self._target_worker.forward_batch_generation(batch, **self._capture())
+        if provider is not None and self.ships_features:
+            rows = extend_features(
+                result.logits_output.hidden_states, batch.prefix_lens, batch.extend_lens
+            )
+            provider.add_features([req.rid for req in batch.reqs], rows)
         bs = len(batch.reqs)
         predict = result.next_token_ids
         accept_tokens = torch.zeros(bs, self.width, dtype=torch.int32, device=self.device)
@@ -203,7 +213,9 @@ class SSDWorker(BaseSpecWorker):
         with phases.phase("build_batch"):
             seq_lens, verify_ids = self._build_verify_batch(batch, drafts, width)
         with phases.phase("forward"), self._cores(plain):
-            result = self._target_worker.forward_batch_generation(batch, is_verify=True)
+            result = self._target_worker.forward_batch_generation(
+                batch, is_verify=True, **self._capture()
+            )
         logits_output = result.logits_output
         t_forward = time.perf_counter()
         with phases.phase("verify"):
@@ -216,6 +228,7 @@ class SSDWorker(BaseSpecWorker):
                 on_publish(new_seq_lens)
         with phases.phase("record"):
             self._record_round(batch, drafts, verified, (t_start, t_drafts, t_forward), timer)
+            self._ship_features(batch, logits_output, seq_lens, verified, width)
         batch.forward_mode = ForwardMode.DECODE
         # SGLang reads each request's first accept_len tokens at stride self.width.
         accept_tokens = torch.nn.functional.pad(
@@ -231,6 +244,31 @@ class SSDWorker(BaseSpecWorker):
             new_seq_lens=new_seq_lens,
             can_run_cuda_graph=False,
         )
+
+    def _capture(self) -> dict[str, Any]:
+        """The target forward's keyword for an EAGLE-3 head draft: capture FULL, so that
+        `logits_output.hidden_states` holds every position's features (`eagle3_capture`)."""
+        return {"capture_hidden_mode": CaptureHiddenMode.FULL} if self.ships_features else {}
+
+    def _ship_features(
+        self,
+        batch: ScheduleBatch,
+        logits_output: Any,
+        seq_lens: torch.Tensor,
+        verified: VerifiedBatch,
+        width: int,
+    ) -> None:
+        """An EAGLE-3 head draft's features of the positions this round committed (root and
+        accepted tokens; the bonus token's come next round) to the speculator client."""
+        if self.provider is None or not self.ships_features:
+            return
+        rows = verify_features(
+            logits_output.hidden_states,
+            seq_lens.tolist(),
+            verified.accept_len.tolist(),
+            width,
+        )
+        self.provider.add_features([req.rid for req in batch.reqs], rows)
 
     def _plan(self, batch: ScheduleBatch) -> RoundPlan:
         """The round's mode and drafts: decided here with one rank; with TP, on rank 0 and

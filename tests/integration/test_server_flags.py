@@ -42,7 +42,9 @@ REFUSED: dict[str, tuple[dict[str, Any], list[str]]] = {
         ["--enable-torch-compile"],
     ),
     "multimodal targets": ({}, []),  # needs a multimodal config: checked below
-    "an EAGLE-3 head as `--speculative-draft-model-path`": ({}, []),  # needs a head: below
+    # These two need a head folder: checked below.
+    "an EAGLE-3 head draft without `--disable-radix-cache`": ({}, []),
+    "`--enable-return-hidden-states` with an EAGLE-3 head draft": ({}, []),
     "`--tokenizer-worker-num` > 1": ({"tokenizer_worker_num": 2}, ["--tokenizer-worker-num", "2"]),
     "`--enable-custom-logit-processor`": (
         {"enable_custom_logit_processor": True},
@@ -95,12 +97,23 @@ def test_multimodal_targets_are_refused(tiny_target: Path, tmp_path: Path) -> No
         refuse_unsupported_flags(_args(model_path=str(tmp_path)))
 
 
-def test_an_eagle3_head_as_ssd_draft_is_refused(tiny_draft: Path, tmp_path: Path) -> None:
+def test_an_eagle3_head_draft_needs_the_radix_cache_off(tiny_draft: Path, tmp_path: Path) -> None:
+    """A head serves with `--disable-radix-cache` only, and without hidden-state returns; a
+    causal LM draft (or a hub name) is not affected."""
     refuse_unsupported_flags(_args(speculative_draft_model_path=str(tiny_draft)))
     refuse_unsupported_flags(_args(speculative_draft_model_path="Qwen/not-a-folder"))
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"]}))
-    with pytest.raises(ValueError, match=r"EAGLE-3 head .*--speculative-algorithm EAGLE3"):
-        refuse_unsupported_flags(_args(speculative_draft_model_path=str(tmp_path)))
+    head = dict(speculative_draft_model_path=str(tmp_path))
+    with pytest.raises(ValueError, match=r"EAGLE-3 head draft without --disable-radix-cache"):
+        refuse_unsupported_flags(_args(**head))
+    refuse_unsupported_flags(_args(**head, disable_radix_cache=True))
+    with pytest.raises(ValueError, match=r"--enable-return-hidden-states with an EAGLE-3 head"):
+        refuse_unsupported_flags(
+            _args(**head, disable_radix_cache=True, enable_return_hidden_states=True)
+        )
+    refuse_unsupported_flags(
+        _args(speculative_draft_model_path=str(tiny_draft), enable_return_hidden_states=True)
+    )
 
 
 def test_works_rows_name_a_test_that_uses_the_flag() -> None:

@@ -158,6 +158,8 @@ SIGNATURES: list[tuple[str, list[str]]] = [
         ["self", "new_accepted_tokens"],
     ),
     ("sglang.srt.runtime_context.get_server_args", []),
+    # integration/eagle3_capture.py: hooked AFTER, the runner positionally.
+    ("sglang.srt.model_executor.model_runner.ModelRunner.init_spec_aux_hidden_state", ["self"]),
 ]
 
 
@@ -176,6 +178,10 @@ def test_keyword_arguments_the_plugin_passes() -> None:
         "sglang.srt.speculative.ngram_info.NgramVerifyInput.__init__": {
             "draft_token", "custom_mask", "positions", "draft_token_num", "new_seq_lens",
             "accept_tokens", "accept_lens",
+        },
+        # worker/ssd_worker.py: an EAGLE-3 head draft's forwards capture FULL.
+        "sglang.srt.managers.tp_worker.TpModelWorker.forward_batch_generation": {
+            "is_verify", "capture_hidden_mode",
         },
         # integration/registration.py
         "sglang.srt.speculative.spec_info.SpeculativeAlgorithm.register": {
@@ -197,11 +203,19 @@ def test_spec_v2_result_and_batch_fields() -> None:
         "sglang.srt.managers.schedule_batch.ScheduleBatch": {
             "reqs", "seq_lens", "req_pool_indices", "req_to_token_pool", "forward_mode",
             "input_ids", "out_cache_loc", "spec_info", "return_logprob", "sampling_info",
+            "prefix_lens", "extend_lens",
         },
         "sglang.srt.sampling.sampling_batch_info.SamplingBatchInfo": {
             "temperatures", "top_ks", "top_ps", "min_ps", "need_min_p_sampling",
         },
-        "sglang.srt.layers.logits_processor.LogitsProcessorOutput": {"next_token_logits"},
+        "sglang.srt.layers.logits_processor.LogitsProcessorOutput": {
+            "next_token_logits", "hidden_states",
+        },
+        # integration/eagle3_capture.py
+        "sglang.srt.model_executor.model_runner_components.spec_aux_hidden_state."
+        "SpecAuxHiddenStateConfig": {
+            "eagle_use_aux_hidden_state", "eagle_aux_hidden_state_layer_ids",
+        },
         # runtime_context.get_spec() / get_device() bags (SSDWorker.__init__)
         "sglang.srt.arg_groups.fields.spec.Spec": {
             "speculative_num_steps", "speculative_num_draft_tokens",
@@ -215,7 +229,8 @@ def test_spec_v2_result_and_batch_fields() -> None:
             "speculative_num_draft_tokens", "tp_size", "pp_size", "dp_size",
             "tokenizer_worker_num", "enable_watermark", "enable_strict_thinking",
             "preferred_sampling_params", "max_running_requests", "disable_overlap_schedule",
-            "enable_mixed_chunk", "random_seed",
+            "enable_mixed_chunk", "random_seed", "disable_radix_cache",
+            "enable_return_hidden_states",
         },
         "sglang.srt.managers.io_struct.GenerateReqInput": {
             "sampling_params", "custom_logit_processor", "watermark",
@@ -235,7 +250,9 @@ def test_instance_attributes_the_plugin_reads() -> None:
     needed = {
         "sglang.srt.managers.schedule_batch.Req": ["rid", "output_ids", "origin_input_ids"],
         "sglang.srt.managers.tp_worker.TpModelWorker": ["model_runner"],
-        "sglang.srt.model_executor.model_runner.ModelRunner": ["model_config"],
+        "sglang.srt.model_executor.model_runner.ModelRunner": [
+            "model_config", "server_args", "is_draft_worker", "spec_aux_config",
+        ],
         "sglang.srt.configs.model_config.ModelConfig": ["vocab_size"],
         "sglang.srt.managers.tokenizer_manager.TokenizerManager": ["server_args", "model_config"],
         # integration/admin.py, hooks.py, request_metrics.py, scheduler_metrics.py
