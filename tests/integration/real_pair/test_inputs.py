@@ -2,19 +2,21 @@
 (issue #11, item 2; marked `integration`). Each case goes to the package's shared AR and SSD
 servers as one batched `/generate` or one short burst, greedy:
 
-- stop strings that fire inside an accepted block (`'f'`..`'i'` in a letter list; `" 8,"` in a
-  number list with `max_new_tokens` swept 6..12 around it);
-- `max_tokens` swept 1..10 with `ignore_eos` (every offset of the first two blocks of γ + 1 = 5):
-  `usage.completion_tokens` and the logprob count;
-- a one-word chat answer with `max_tokens` at its length + 0..3 (EOS and the limit together);
+- stop strings that fire inside an accepted block (`'f'` and `'h'` in a letter list; `" 8,"` in
+  a number list with `max_new_tokens` 4, 6, 8 and 12 around it);
+- `max_tokens` 1, 2, 3, 5, 8 with `ignore_eos` (offsets inside and across the first blocks of
+  γ + 1 = 5): `usage.completion_tokens` and the logprob count;
+- a one-word chat answer with `max_tokens` at its length − 1, + 0, + 1 (EOS and the limit
+  together);
 - accented, Cyrillic and CJK text: SSD equals AR, and SSD's streamed deltas of the CJK case
   join to the whole text with no U+FFFD;
 - a `/generate` batch repeating one prompt (radix-cache hits): every item equals its solo output;
-- 8 streaming clients in a row that close after the first chunk: nothing stays behind (running
+- 4 streaming clients in a row that close after the first chunk: nothing stays behind (running
   requests, the speculator's open requests, prefills and KV slots, the client's bookkeeping).
 
 The sizes (sweep widths, token counts, client counts) are set for CI on a 2-core AVX2-only CPU,
-where an SSD verify of 5 tokens takes about 2 s; the tiny pair's tests put every stop kind at
+where an SSD verify of 5 tokens takes 2-4 s (the whole CI must fit 90 minutes on a machine that
+slow); the tiny pair's tests put every stop kind at
 every offset 0..γ of an accepted block (`test_ssd_stops.py`).
 
 SSD must answer as AR does: text, output ids, `finish_reason` (type and matched) and
@@ -49,9 +51,9 @@ NON_ASCII = (
     "# Chinese numerals\nnumerals = ['一', '二', '三', '四',",
 )
 REPEATED = "def fibonacci(n):\n    "
-CLOSED_STREAMS = 8
+CLOSED_STREAMS = 4
 NON_ASCII_TOKENS = 12
-REPEATED_TOKENS = 24
+REPEATED_TOKENS = 16
 SETTLE_TIMEOUT_S = 60  # a hang guard, not a speed claim
 
 
@@ -89,18 +91,19 @@ def _ids(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
 
 
 def test_stop_strings_in_a_letter_list(pair, tokenizer, ar_server, ssd_server):
-    stops = ["f", "g", "h", "i"]
+    stops = ["f", "h"]
     sampling = [{"max_new_tokens": 32, "stop": [s]} for s in stops]
-    ar, ssd = _both(ar_server, ssd_server, lambda s: _generate(s, [LETTERS] * 4, sampling))
+    prompts = [LETTERS] * len(stops)
+    ar, ssd = _both(ar_server, ssd_server, lambda s: _generate(s, prompts, sampling))
     for stop, r in zip(stops, ar, strict=True):  # the case really is a stop inside the output
         assert r["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}, r
-    assert_greedy_same(pair[0], _ids(tokenizer, [LETTERS] * 4), ar, ssd)
+    assert_greedy_same(pair[0], _ids(tokenizer, prompts), ar, ssd)
     # Several tokens per verify round: the stops fired inside accepted blocks.
     assert sum(r["meta_info"]["spec_accept_length"] for r in ssd) / len(ssd) > 1.5, ssd
 
 
 def test_stop_string_with_max_new_tokens_swept_around_it(pair, tokenizer, ar_server, ssd_server):
-    limits = list(range(6, 13))
+    limits = [4, 6, 8, 12]
     sampling = [{"max_new_tokens": n, "stop": [" 8,"]} for n in limits]
     ar, ssd = _both(ar_server, ssd_server, lambda s: _generate(s, [NUMS] * len(limits), sampling))
     kinds = {r["meta_info"]["finish_reason"]["type"] for r in ar}
@@ -121,7 +124,7 @@ def test_max_tokens_sweep_counts_every_token(ar_server, ssd_server):
             "ignore_eos": True,
             "logprobs": 1,
         }
-        for n in range(1, 11)
+        for n in (1, 2, 3, 5, 8)
     ]
     ar, ssd = _both(ar_server, ssd_server, lambda s: _burst(_completion(s), bodies))
     for body, a, s in zip(bodies, ar, ssd, strict=True):
@@ -143,7 +146,7 @@ def test_one_word_chat_answer_with_max_tokens_at_its_length(ar_server, ssd_serve
     free = _post(ar_server, "/v1/chat/completions", {**chat, "max_tokens": 32})
     assert free["choices"][0]["finish_reason"] == "stop", free
     length = free["usage"]["completion_tokens"]
-    bodies = [{**chat, "max_tokens": max(1, length + d)} for d in range(-1, 4)]
+    bodies = [{**chat, "max_tokens": max(1, length + d)} for d in (-1, 0, 1)]
     ar, ssd = _both(
         ar_server,
         ssd_server,
