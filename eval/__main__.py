@@ -3,6 +3,8 @@
 Subcommands:
   baseline  AR vs STANDALONE (γ = 4, top-k 1) on the real pair; `--pinned` puts each server on
             one core (taskset -c 0, OMP_NUM_THREADS=1).
+  eagle3    the EAGLE-3 comparison: AR, STANDALONE, SGLang's EAGLE3 with our head, SSD with the
+            0.5B draft, SSD with the head, all on both cores (eval.eagle3_bench).
   ssd       the SSD benchmark: AR vs STANDALONE vs `--ssd-mode sync` vs SSD in the paper's
             arrangement (baselines on one core, SSD adds the draft's core) and on equal
             hardware (everything on both cores), with the speedup model's prediction.
@@ -32,11 +34,21 @@ import json
 import logging
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from eval import configs as presets
-from eval import datasets, figures, mixed, model_check, options_cost, report, ssd_bench, sweep
+from eval import (
+    datasets,
+    eagle3_bench,
+    figures,
+    mixed,
+    model_check,
+    options_cost,
+    report,
+    ssd_bench,
+    sweep,
+)
 from eval.configs import Config
 from eval.harness import RunSettings, run_interleaved
 from eval.margin import cli as margin
@@ -48,6 +60,25 @@ from sglang_ssd.launch_server import flag_value
 RESULTS = Path("eval/results")
 LOGS = Path("eval/logs")
 QUICK_PROMPTS, QUICK_TOKENS = 3, 32
+
+
+def _add_compare_options(p: argparse.ArgumentParser, only_example: str) -> None:
+    """The options of the comparison benchmarks (`ssd`, `eagle3`): CPUs, γ, a subset of the
+    configurations, the model folders."""
+    p.add_argument(
+        "--cpus", type=parse_cpu_list, default=(0, 1), help="target CPU, draft CPU (default 0,1)"
+    )
+    p.add_argument("--lookahead", "--gamma", type=int, default=4, help="γ for every config")
+    p.add_argument(
+        "--only",
+        type=lambda s: [n.strip() for n in s.split(",") if n.strip()],
+        default=[],
+        metavar="NAMES",
+        help="comma-separated configurations to run, in this order (the first is the reference), "
+        + only_example,
+    )
+    p.add_argument("--target", type=Path, help="target model folder (default: the pulled 1.5B)")
+    p.add_argument("--draft", type=Path, help="draft model folder (default: the pulled 0.5B)")
 
 
 def _target_and_draft_cpus(a: argparse.Namespace) -> tuple[int, int]:
@@ -202,19 +233,45 @@ def cmd_ssd(a: argparse.Namespace) -> int:
         draft_cpu=draft_cpu,
         ssd_extra=a.ssd_args.split(),
     )
+    name = f"ssd-bench-{a.arrangement}-b{a.batch_size}-{Sampling.of(a.temperature).name}"
+    return _compare(a, configs, Path(target), name, ssd_bench.comparisons)
+
+
+def _compare(
+    a: argparse.Namespace,
+    configs: list[Config],
+    target: Path,
+    name: str,
+    comparisons: Callable[[dict], list[dict]],
+) -> int:
+    """Run a comparison benchmark's `configs` (the `--only` ones, in that order), then add and
+    print its `comparisons` (speedups with intervals) to the results file."""
     if a.only:
         try:
             configs = ssd_bench.select(configs, a.only)
         except ValueError as exc:
             raise SystemExit(f"--only: {exc}") from exc
-    name = f"ssd-bench-{a.arrangement}-b{a.batch_size}-{Sampling.of(a.temperature).name}"
-    results, out = _run(a, configs, a.tokenizer or Path(target), name)
-    rows = ssd_bench.comparisons(results)
+    results, out = _run(a, configs, a.tokenizer or target, name)
+    rows = comparisons(results)
     results["ssd_comparisons"] = rows
     out.write_text(json.dumps(results, indent=1))
     print()
     print(ssd_bench.format_comparisons(rows))
     return 0
+
+
+def cmd_eagle3(a: argparse.Namespace) -> int:
+    target_cpu, draft_cpu = _target_and_draft_cpus(a)
+    target, draft = presets.model_dirs(a.target, a.draft)
+    try:
+        head = a.head or eagle3_bench.default_head(target)
+    except FileNotFoundError as exc:
+        raise SystemExit(str(exc)) from exc
+    configs = eagle3_bench.bench_configs(
+        target, draft, head, lookahead=a.lookahead, target_cpu=target_cpu, draft_cpu=draft_cpu
+    )
+    name = f"eagle3-b{a.batch_size}-{Sampling.of(a.temperature).name}"
+    return _compare(a, configs, Path(target), name, eagle3_bench.comparisons)
 
 
 def cmd_run(a: argparse.Namespace) -> int:
@@ -397,22 +454,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = sub.add_parser("ssd", help="AR vs STANDALONE vs SSD sync vs SSD, two arrangements")
     _add_run_options(p)
     p.add_argument("--arrangement", choices=(*ssd_bench.ARRANGEMENTS, "both"), default="both")
-    p.add_argument(
-        "--cpus", type=parse_cpu_list, default=(0, 1), help="target CPU, draft CPU (default 0,1)"
-    )
-    p.add_argument("--lookahead", "--gamma", type=int, default=4, help="γ for every config")
     p.add_argument("--ssd-args", default="", help="extra --ssd-* flags for the SSD servers")
-    p.add_argument(
-        "--only",
-        type=lambda s: [n.strip() for n in s.split(",") if n.strip()],
-        default=[],
-        metavar="NAMES",
-        help="comma-separated configurations to run, in this order (the first is the reference), "
-        "e.g. AR-2c,SYNC-2c,SSD-1+1c",
-    )
-    p.add_argument("--target", type=Path, help="target model folder (default: the pulled 1.5B)")
-    p.add_argument("--draft", type=Path, help="draft model folder (default: the pulled 0.5B)")
+    _add_compare_options(p, "e.g. AR-2c,SYNC-2c,SSD-1+1c")
     p.set_defaults(func=cmd_ssd, prompts=5, max_new_tokens=64, repeats=2)
+
+    p = sub.add_parser(
+        "eagle3", help="AR vs STANDALONE vs EAGLE3 vs SSD (0.5B draft) vs SSD (EAGLE-3 head)"
+    )
+    _add_run_options(p)
+    _add_compare_options(p, "e.g. AR-2c,EAGLE3-2c,SSD-HEAD-1+1c")
+    p.add_argument(
+        "--head",
+        type=Path,
+        help="EAGLE-3 head folder (default: the one `python -m sglang_ssd.models build eagle3` "
+        "stored in the model cache)",
+    )
+    p.set_defaults(func=cmd_eagle3, prompts=4, max_new_tokens=64, repeats=1)
 
     p = sub.add_parser("mixed", help="mixed traffic: AR-2c vs SSD on short mixed requests")
     _add_run_options(p)

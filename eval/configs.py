@@ -166,10 +166,39 @@ def standalone(
     extra: Sequence[str] = (),
 ) -> Config:
     """SGLang's own draft-model speculative decoding: chain of γ draft tokens (top-k 1)."""
-    args = (
-        *_target_args(target, "STANDALONE"),
-        *_chain_draft_args(draft, lookahead, str(topk)),
-    )  # fmt: skip
+    return _sglang_speculative(
+        "STANDALONE", target, draft, name, lookahead, topk, cpus, threads, extra
+    )
+
+
+def eagle3(
+    target: Path | str,
+    head: Path | str,
+    *,
+    name: str = "EAGLE3",
+    lookahead: int = 4,
+    cpus: Sequence[int] | None = None,
+    threads: int | None = None,
+    extra: Sequence[str] = (),
+) -> Config:
+    """SGLang's own EAGLE-3 speculative decoding with the EAGLE-3 head folder `head`: a chain
+    of γ head drafts (top-k 1)."""
+    return _sglang_speculative("EAGLE3", target, head, name, lookahead, 1, cpus, threads, extra)
+
+
+def _sglang_speculative(
+    algorithm: str,
+    target: Path | str,
+    draft: Path | str,
+    name: str,
+    lookahead: int,
+    topk: int,
+    cpus: Sequence[int] | None,
+    threads: int | None,
+    extra: Sequence[str],
+) -> Config:
+    """One of SGLang's own speculative algorithms with `draft` (a model or a head folder)."""
+    args = (*_target_args(target, algorithm), *_chain_draft_args(draft, lookahead, str(topk)))
     notes = "SGLang's verify is greedy on CPU: not lossless at temperature > 0"
     return Config(name, (*args, *extra), _cpus(cpus), threads, notes=notes)
 

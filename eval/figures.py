@@ -76,19 +76,43 @@ def fig_datasets(results_dir: Path, out_dir: Path, quick: bool) -> Figure | None
     path, results = results_file(results_dir, "paper-main", quick)
     if results is None:
         return _skip(key, f"{path} missing")
-    rows = dataset_rows(results)
-    sets = sorted({d for per in rows.values() for d in per})
     fig = MplFigure(figsize=(7, 4))
-    ax = fig.add_subplot()
+    _dataset_bars(fig.add_subplot(), dataset_rows(results))
+    fig.axes[0].set_title("Throughput per prompt set (batch 1, greedy)")
+    return Figure(key, "tok/s per dataset", _save(fig, out_dir, key), [path])
+
+
+def fig_eagle3(results_dir: Path, out_dir: Path, quick: bool) -> Figure | None:
+    """Grouped bars per run of `python -m eval eagle3` (batch size, sampling): tok/s of AR,
+    STANDALONE, EAGLE3, SSD with the 0.5B draft and SSD with the EAGLE-3 head per prompt set."""
+    key = "eagle3_comparison"
+    pattern = re.compile(rf"eagle3-b(\d+)-([\w.]+?){'-quick' if quick else ''}\.json")
+    runs = [
+        (p, results)
+        for p in sorted(results_dir.glob("eagle3-b*.json"))
+        if pattern.fullmatch(p.name) and (results := load(p)) is not None
+    ]
+    if not runs:
+        return _skip(key, "no eagle3-b*.json results (python -m eval eagle3)")
+    fig = MplFigure(figsize=(6 * len(runs), 4))
+    for i, (path, results) in enumerate(runs):
+        ax = fig.add_subplot(1, len(runs), i + 1)
+        _dataset_bars(ax, dataset_rows(results))
+        batch, sampling = pattern.fullmatch(path.name).groups()  # type: ignore[union-attr]
+        ax.set_title(f"EAGLE-3 comparison (batch {batch}, {sampling})")
+    return Figure(key, "EAGLE-3 comparison", _save(fig, out_dir, key), [p for p, _ in runs])
+
+
+def _dataset_bars(ax: Any, rows: dict[str, dict[str, float]]) -> None:
+    """Grouped bars on `ax`: tok/s (`dataset_rows`) of each configuration per prompt set."""
+    sets = sorted({d for per in rows.values() for d in per})
     width = 0.8 / max(1, len(rows))
     for i, (config, per) in enumerate(rows.items()):
         xs = [j + i * width for j in range(len(sets))]
         ax.bar(xs, [per.get(d, 0.0) for d in sets], width, label=config)
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(sets))], sets)
     ax.set_ylabel("tokens / s")
-    ax.set_title("Throughput per prompt set (batch 1, greedy)")
     ax.legend(fontsize=8)
-    return Figure(key, "tok/s per dataset", _save(fig, out_dir, key), [path])
 
 
 def fig_speedup_vs_batch(results_dir: Path, out_dir: Path, quick: bool) -> Figure | None:
@@ -291,6 +315,7 @@ def fig_prediction(results_dir: Path, out_dir: Path, quick: bool) -> Figure | No
 
 FIGURES: tuple[Callable[[Path, Path, bool], Figure | None], ...] = (
     fig_datasets,
+    fig_eagle3,
     fig_speedup_vs_batch,
     fig_pareto,
     fig_beta,

@@ -99,6 +99,8 @@ COMPARISONS: tuple[tuple[str, str, str, Mapping[str, float]], ...] = (
     ("STANDALONE-2c", "AR-2c", "equal", {}),
 )
 AR_OF = {"paper": "AR-1c", "equal": "AR-2c"}
+# SGLang's speculative algorithms whose CPU verify is greedy (configuration name prefixes).
+GREEDY_VERIFY_ON_CPU = ("STANDALONE", "EAGLE3")
 
 
 def setting_kind(batch_size: int, greedy: bool) -> str:
@@ -106,8 +108,12 @@ def setting_kind(batch_size: int, greedy: bool) -> str:
     return f"b{batch_size}-{'greedy' if greedy else 'sampled'}"
 
 
-def comparisons(results: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Speedup of each pair in `COMPARISONS` present in `results`, its 90% bootstrap interval
+def comparisons(
+    results: Mapping[str, Any],
+    pairs: Sequence[tuple[str, str, str, Mapping[str, float]]] = COMPARISONS,
+) -> list[dict[str, Any]]:
+    """Speedup of each pair of `pairs` (default: `COMPARISONS`) present in `results`, its 90%
+    bootstrap interval
     over prompts (`eval.bootstrap`), the aim and whether the interval's lower end meets it
     (`met`), and, for SSD vs AR, the speedup model's prediction from SSD's own counters
     (`eval.ssd_stats.predict`)."""
@@ -118,7 +124,7 @@ def comparisons(results: Mapping[str, Any]) -> list[dict[str, Any]]:
     lookahead = next((c["lookahead"] for c in results["configs"] if c.get("lookahead")), 4)
     rows = []
     kind = setting_kind(batch, greedy)
-    for name, base, arrangement, aims in COMPARISONS:
+    for name, base, arrangement, aims in pairs:
         if name not in summary or base not in summary:
             continue
         a, b = summary[name]["tok_per_s"], summary[base]["tok_per_s"]
@@ -142,8 +148,9 @@ def comparisons(results: Mapping[str, Any]) -> list[dict[str, Any]]:
             row["prediction_error"] = (
                 predicted / row["speedup"] - 1 if predicted and row["speedup"] else None
             )
-        if not greedy and base.startswith("STANDALONE"):
-            row["note"] = "STANDALONE is not lossless at T > 0 on CPU (greedy verify)"
+        lossy = [n for n in (name, base) if n.startswith(GREEDY_VERIFY_ON_CPU)]
+        if not greedy and lossy:
+            row["note"] = f"{lossy[0]} is not lossless at T > 0 on CPU (greedy verify)"
         rows.append(row)
     return rows
 

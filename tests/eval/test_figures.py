@@ -111,7 +111,15 @@ def write_all(results_dir: Path) -> None:
          for s, h in (("geometric", 0.8), ("uniform", 0.5))],
         PROMPTS,
     )  # fmt: skip
-    files = {"paper-main-quick": main, "sweep-beta-quick": beta, "sweep-fanout-quick": fanout}
+    eagle3 = make_results(
+        [(AR, 2.0, 0), (_config("EAGLE3-2c", "EAGLE3"), 2.6, 0),
+         (_config("SSD-1+1c", "SSD"), 4.0, 0.8), (_config("SSD-HEAD-1+1c", "SSD"), 3.0, 0.6)],
+        PROMPTS,
+    )  # fmt: skip
+    files = {
+        "paper-main-quick": main, "sweep-beta-quick": beta, "sweep-fanout-quick": fanout,
+        "eagle3-b1-greedy-quick": eagle3,
+    }  # fmt: skip
     for b in (1, 2, 4):
         backups = [(_config(f"SSD {k}", "SSD", {"backup": k}), s, 0.7)
                    for k, s in (("jit", 4.0), ("ngram", 3.0 + b / 4), ("random", 2.5))]  # fmt: skip
@@ -130,13 +138,16 @@ def test_every_figure_and_the_report(tmp_path: Path) -> None:
     write_all(tmp_path)
     drawn = figures.make_all(tmp_path, quick=True)
     assert [f.key for f in drawn] == [
-        "tok_per_s_by_dataset", "speedup_vs_batch", "latency_throughput_pareto", "beta_sweep",
+        "tok_per_s_by_dataset", "eagle3_comparison", "speedup_vs_batch",
+        "latency_throughput_pareto", "beta_sweep",
         "fanout_geometric_vs_uniform", "backup_vs_batch", "predicted_vs_measured",
     ]  # fmt: skip
     for f in drawn:
         data = f.png.read_bytes()
         assert data.startswith(PNG_MAGIC) and len(data) > 2000, f.key
         assert f.png.parent == tmp_path / "figures-quick" and f.sources
+    eagle3 = next(f for f in drawn if f.key == "eagle3_comparison")
+    assert [p.name for p in eagle3.sources] == ["eagle3-b1-greedy-quick.json"]
     backup = next(f for f in drawn if f.key == "backup_vs_batch")
     assert any("b*" in n and "2" in n for n in backup.notes)
     assert {p.name for p in backup.sources} == {f"sweep-backup-b{b}-quick.json" for b in (1, 2, 4)}
