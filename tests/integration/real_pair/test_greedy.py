@@ -35,7 +35,7 @@ pytestmark = pytest.mark.integration
 PROMPTS = 2
 TRANSFORMERS_PROMPTS = 1  # transformers' bf16 generate alone takes ~1.5 min per prompt there
 AR_TOKENS = 24
-SSD_TOKENS = 24
+SSD_TOKENS = 16
 
 
 @pytest.fixture(scope="module")

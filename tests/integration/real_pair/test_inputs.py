@@ -52,7 +52,7 @@ NON_ASCII = (
 )
 REPEATED = "def fibonacci(n):\n    "
 CLOSED_STREAMS = 4
-NON_ASCII_TOKENS = 12
+NON_ASCII_TOKENS = 8
 REPEATED_TOKENS = 16
 SETTLE_TIMEOUT_S = 60  # a hang guard, not a speed claim
 
