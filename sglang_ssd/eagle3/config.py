@@ -12,6 +12,7 @@ compute something else than SGLang's class, refused with a `ValueError` that nam
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -224,6 +225,22 @@ def is_eagle3_head(folder: str | Path) -> bool:
     except (OSError, ValueError):
         return False
     return isinstance(raw, dict) and ARCHITECTURE in (raw.get("architectures") or [])
+
+
+@functools.cache
+def head_feature_layers(draft_model_path: str | None) -> tuple[bool, list[int] | None]:
+    """Whether `draft_model_path` is an EAGLE-3 head folder, and the target layers k whose
+    output feeds it (`eagle_config.eagle_aux_hidden_state_layer_ids`; None: SGLang's default
+    layers, which `set_eagle3_layers_to_capture(None)` picks the same way). A hub name or a
+    causal LM folder gives (False, None).
+
+    Raises:
+        ValueError: a head config that `Eagle3Config` refuses (a variant it does not support).
+    """
+    if not draft_model_path or not is_eagle3_head(draft_model_path):
+        return False, None
+    ids = Eagle3Config.from_folder(draft_model_path).aux_layer_ids
+    return True, None if ids is None else list(ids)
 
 
 def _draft_vocab_size(raw: Mapping[str, Any]) -> int | None:

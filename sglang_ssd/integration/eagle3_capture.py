@@ -13,32 +13,15 @@ captured layers' inputs concatenated in layer order.
 
 from __future__ import annotations
 
-import functools
 import logging
 from typing import Any
 
+from sglang_ssd.eagle3.config import head_feature_layers
 from sglang_ssd.integration.registration import is_ssd
 
 logger = logging.getLogger(__name__)
 
 HOOK_TARGET = "sglang.srt.model_executor.model_runner.ModelRunner.init_spec_aux_hidden_state"
-
-
-@functools.cache
-def head_feature_layers(draft_model_path: str | None) -> tuple[bool, list[int] | None]:
-    """Whether `draft_model_path` is an EAGLE-3 head, and the target layers k whose output
-    feeds it (`eagle_config.eagle_aux_hidden_state_layer_ids`; None: SGLang's default layers,
-    which `set_eagle3_layers_to_capture(None)` picks the same way).
-
-    Raises:
-        ValueError: a head config that `Eagle3Config` refuses (a variant it does not support).
-    """
-    from sglang_ssd.eagle3.config import Eagle3Config, is_eagle3_head
-
-    if not draft_model_path or not is_eagle3_head(draft_model_path):
-        return False, None
-    ids = Eagle3Config.from_folder(draft_model_path).aux_layer_ids
-    return True, None if ids is None else list(ids)
 
 
 def enable_feature_capture(result: Any, runner: Any, *args: Any, **kwargs: Any) -> None:

@@ -31,7 +31,7 @@ from sglang.srt.speculative.ngram_info import NgramVerifyInput
 from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcache
 
 from sglang_ssd.config import SSDConfig, TargetCapacity
-from sglang_ssd.integration.eagle3_capture import head_feature_layers
+from sglang_ssd.eagle3.config import head_feature_layers
 from sglang_ssd.placement import TargetGpus
 from sglang_ssd.saguaro import SamplingBatch
 from sglang_ssd.worker.draft_batch import DraftBatch
