@@ -34,7 +34,7 @@ pytestmark = pytest.mark.integration
 # whole real-pair package must stay near 15 minutes (it was 3 prompts × 32 and × 64).
 PROMPTS = 2
 TRANSFORMERS_PROMPTS = 1  # transformers' bf16 generate alone takes ~1.5 min per prompt there
-AR_TOKENS = 24
+AR_TOKENS = 16
 SSD_TOKENS = 16
 
 
