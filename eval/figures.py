@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -95,24 +95,31 @@ def fig_eagle3(results_dir: Path, out_dir: Path, quick: bool) -> Figure | None:
     if not runs:
         return _skip(key, "no eagle3-b*.json results (python -m eval eagle3)")
     fig = MplFigure(figsize=(6 * len(runs), 4))
+    names = dict.fromkeys(c["name"] for _, results in runs for c in results["configs"])
+    colors = {name: f"C{i}" for i, name in enumerate(names)}  # one colour per configuration
     for i, (path, results) in enumerate(runs):
         ax = fig.add_subplot(1, len(runs), i + 1)
-        _dataset_bars(ax, dataset_rows(results))
+        _dataset_bars(ax, dataset_rows(results), colors)
         batch, sampling = pattern.fullmatch(path.name).groups()  # type: ignore[union-attr]
         ax.set_title(f"EAGLE-3 comparison (batch {batch}, {sampling})")
     return Figure(key, "EAGLE-3 comparison", _save(fig, out_dir, key), [p for p, _ in runs])
 
 
-def _dataset_bars(ax: Any, rows: dict[str, dict[str, float]]) -> None:
-    """Grouped bars on `ax`: tok/s (`dataset_rows`) of each configuration per prompt set."""
+def _dataset_bars(
+    ax: Any, rows: dict[str, dict[str, float]], colors: Mapping[str, str] | None = None
+) -> None:
+    """Grouped bars on `ax`: per-request tok/s (`dataset_rows`) of each configuration per prompt
+    set, coloured by `colors` (configuration -> matplotlib colour) where given."""
     sets = sorted({d for per in rows.values() for d in per})
     width = 0.8 / max(1, len(rows))
     for i, (config, per) in enumerate(rows.items()):
         xs = [j + i * width for j in range(len(sets))]
-        ax.bar(xs, [per.get(d, 0.0) for d in sets], width, label=config)
+        color = (colors or {}).get(config)
+        ax.bar(xs, [per.get(d, 0.0) for d in sets], width, label=config, color=color)
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(sets))], sets)
-    ax.set_ylabel("tokens / s")
-    ax.legend(fontsize=8)
+    ax.set_ylabel("tokens / s per request")
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.4)  # room for the legend above the bars
+    ax.legend(fontsize=8, loc="upper center", ncol=3)
 
 
 def fig_speedup_vs_batch(results_dir: Path, out_dir: Path, quick: bool) -> Figure | None:
