@@ -88,13 +88,24 @@ def _target_and_draft_cpus(a: argparse.Namespace) -> tuple[int, int]:
 
 
 def _add_run_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dataset", choices=datasets.CHOICES, default=datasets.HUMANEVAL)
-    p.add_argument("--prompts", type=int, default=10, help="first N prompts of the set")
+    p.add_argument(
+        "--dataset",
+        choices=datasets.CHOICES,
+        default=datasets.HUMANEVAL,
+        help="prompt set (default %(default)s)",
+    )
+    p.add_argument(
+        "--prompts", type=int, default=10, help="first N prompts of the set (default %(default)s)"
+    )
     p.add_argument("--prompt-ids", nargs="*", default=(), help="explicit prompt ids instead")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--batch-size", type=int, default=1, help="concurrent requests")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="(default %(default)s)")
+    p.add_argument(
+        "--batch-size", type=int, default=1, help="concurrent requests (default %(default)s)"
+    )
     p.add_argument("--repeats", type=int, default=1)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument(
+        "--temperature", type=float, default=0.0, help="0 = greedy (default %(default)s)"
+    )
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0, help="sampling seed for temperature > 0")
     p.add_argument("--ignore-eos", action="store_true")
