@@ -61,7 +61,7 @@ def _parser() -> argparse.ArgumentParser:
         "--draft-vocab",
         type=int,
         default=16384,
-        help="draft vocabulary size D of the head (16384; 0 means the full vocabulary)",
+        help="draft vocabulary size D of the head (%(default)s; 0 means the full vocabulary)",
     )
     build.add_argument("--force", action="store_true", help="retrain even if the head exists")
     return parser  # fmt: skip
