@@ -20,7 +20,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -36,6 +37,9 @@ HEALTH_PATHS = ("/health_generate", "/health")
 # uvicorn's message when the HTTP port was taken; the server then waits forever to shut down.
 BIND_ERROR = b"error while attempting to bind on address"
 PORT_ATTEMPTS = 3
+# Called with each server once it answers (`Server.start`): e.g. the test session records every
+# start-up's seconds for CI's cost report (tests/conftest.py, scripts/ci_times.py).
+START_LISTENERS: list[Callable[[Server], None]] = []
 
 
 def _log_has(path: Path, start: int, needle: bytes) -> bool:
@@ -250,6 +254,8 @@ class Server:
             raise
         self.info["startup_s"] = time.time() - started
         self.info["processes"] = self.processes()
+        for listener in START_LISTENERS:
+            listener(self)
         return self
 
     def _wait_ready(self, started: float, log_start: int = 0) -> None:
@@ -368,3 +374,23 @@ class Server:
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, sig)
+
+
+@contextlib.contextmanager
+def started_together(made: Mapping[str, Server]) -> Iterator[Mapping[str, Server]]:
+    """`made`'s servers started side by side (their start-ups overlap); on exit all are asked to
+    stop at once, then each is stopped and checked.
+
+    Raises:
+        ServerError: if any fails to start (the others are stopped too).
+    """
+    with contextlib.ExitStack() as stack:
+        for server in made.values():
+            stack.push(server)
+        # Runs first on exit: every server shuts down at once instead of one after the other.
+        stack.callback(lambda: [s.terminate() for s in made.values()])
+        with ThreadPoolExecutor(max_workers=max(1, len(made))) as pool:
+            futures = [pool.submit(s.start) for s in made.values()]
+        for future in futures:
+            future.result()
+        yield made

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -20,8 +21,36 @@ os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
 sys.path.insert(0, str(Path(__file__).parent / "kernels"))
 import sglang_source  # noqa: F401
 
+sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
+import ci_times
+
+from eval import servers as eval_servers
 from sglang_ssd.testing.pair_stats import PairStats, check_pair
 from sglang_ssd.testing.trained_pair import make_trained_pair
+
+_current_test = ["(collection)"]
+
+
+def pytest_runtest_logstart(nodeid: str, location: tuple) -> None:
+    _current_test[0] = nodeid
+
+
+@pytest.fixture(scope="session", autouse=True)
+def server_start_times(
+    record_testsuite_property: Callable[[str, object], None],
+) -> Iterator[None]:
+    """Every `eval.servers.Server` this session starts, as a `server_start` property of the JUnit
+    XML (name, start-up seconds, the test whose setup started it): JUnit charges a shared
+    server to the first test that uses it, so `scripts/ci_times.py` lists each start-up on its
+    own line (`.ci/run` prints it)."""
+
+    def record(server: eval_servers.Server) -> None:
+        value = ci_times.server_start_value(server.name, server.info["startup_s"], _current_test[0])
+        record_testsuite_property(ci_times.SERVER_PROPERTY, value)
+
+    eval_servers.START_LISTENERS.append(record)
+    yield
+    eval_servers.START_LISTENERS.remove(record)
 
 
 @pytest.fixture(scope="session")
@@ -76,3 +105,33 @@ def tiny_eagle3_head(
         milestones=(0.15,), train=train.TrainSpec(lr=3e-3, warmup=10, max_steps=1000),
     )  # fmt: skip
     return out, build.build(tiny_target, out, spec, texts=texts, progress=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_servers(
+    tiny_pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, eval_servers.Server]]:
+    """The tiny pair's shared AR and SSD servers (`tiny_servers.py` has their flags), started
+    side by side on first use and stopped when the session ends."""
+    from tiny_servers import shared_servers
+
+    with eval_servers.started_together(
+        shared_servers(*tiny_pair, tmp_path_factory.mktemp("tiny-servers"))
+    ) as made:
+        yield dict(made)
+
+
+@pytest.fixture(scope="session")
+def tiny_ar(tiny_servers: dict[str, eval_servers.Server]) -> eval_servers.Server:
+    """The session's shared autoregressive server of the tiny target."""
+    return tiny_servers["ar"]
+
+
+@pytest.fixture
+def tiny_ssd(tiny_servers: dict[str, eval_servers.Server]) -> Iterator[eval_servers.Server]:
+    """The session's shared SSD server of the tiny pair; live settings a test changes are set
+    back after it (`tiny_servers.restore_live_settings`)."""
+    from tiny_servers import restore_live_settings
+
+    with restore_live_settings(tiny_servers["ssd"]) as server:
+        yield server

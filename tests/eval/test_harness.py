@@ -330,7 +330,7 @@ def test_port_taken_before_bind_is_retried_on_another_port(
             'port="${@: -1}"\n'
             f'if [ "$port" = "{taken}" ]; then\n'
             '  echo "ERROR: [Errno 98] error while attempting to bind on address '
-            "('127.0.0.1', $port): address already in use\"; sleep 600\n"
+            "('127.0.0.1', $port): address already in use\"; exec sleep 600\n"
             "fi\n"
             f'cd {tmp_path} && exec {sys.executable} -m http.server --bind 127.0.0.1 "$port"\n'
         )

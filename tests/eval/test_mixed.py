@@ -1,18 +1,18 @@
 """Mixed traffic (`eval.mixed`): the draw is fixed by its seed, every request carries its own
-token budget and stop strings, units have the drawn sizes, and a run on a real (tiny) server
-sends each request with its own settings."""
+token budget and stop strings, units have the drawn sizes, and a run on a real (tiny) server,
+the session's shared tiny AR server, sends each request with its own settings."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+from tiny_servers import provider
 
 from eval import configs, datasets, harness, mixed
 from eval.datasets import Prompt, Record
 from eval.sampling import Sampling
-
-TINY_ARGS = ("--attention-backend", "torch_native")
+from eval.servers import Server
 
 
 def _pool(name: str, n: int) -> list[Prompt]:
@@ -53,15 +53,22 @@ def test_stop_strings_reach_sglang_params():
     assert "stop" not in Sampling().to_sglang()
 
 
-def test_a_mixed_run_sends_each_request_with_its_own_settings(tiny_target: Path, tmp_path: Path):
+def test_a_mixed_run_sends_each_request_with_its_own_settings(
+    tiny_target: Path, tiny_ar: Server, tmp_path: Path
+):
     tok = datasets.load_tokenizer(tiny_target)
     pools = [datasets.load_prompts(d, tok, 2) for d in datasets.DATASETS]
     shape = mixed.MixedShape(requests=6, max_new_tokens=(1, 12), concurrency=(1, 3), seed=1)
     prompts, sizes = mixed.mixed_workload(pools, shape)
-    ar = configs.autoregressive(tiny_target, name="AR", extra=TINY_ARGS)
+    ar = configs.autoregressive(tiny_target, name="AR")
     settings = harness.RunSettings(unit_sizes=sizes, concurrent_servers=True)
     results = harness.run_interleaved(
-        [ar], prompts, settings, log_dir=tmp_path / "logs", out_path=tmp_path / "r.json"
+        [ar],
+        prompts,
+        settings,
+        log_dir=tmp_path / "logs",
+        out_path=tmp_path / "r.json",
+        servers=provider({"AR": tiny_ar}),
     )
     assert [len(b["requests"]) for b in results["batches"]] == list(sizes)
     sent = {p.id: p.sampling for p in prompts}

@@ -1,7 +1,7 @@
 """The SSD benchmark: arrangements, SSD's counters around a batch, the speedup model's prediction.
 
-The live test runs AR and SSD servers on tiny random models through the harness and checks that
-each SSD batch carries its `/ssd/stats` delta (rounds, cache hits) and that the summary and the
+The live test runs the session's shared tiny AR and SSD servers through the harness and checks
+that each SSD batch carries its `/ssd/stats` delta (rounds, cache hits) and that the summary and the
 comparison table derive the hit rate and a prediction from them.
 """
 
@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tiny_servers import provider, restore_live_settings
 
 from eval import configs, datasets, harness, ssd_bench, ssd_stats
 from eval.sampling import Sampling
+from eval.servers import Server
 from sglang_ssd.launch_server import flag_value
 from sglang_ssd.saguaro import expected_speedup
 
@@ -87,17 +89,25 @@ def test_bench_configs_arrangements() -> None:
 
 
 @pytest.fixture(scope="module")
-def tiny_bench(tiny_target: Path, tiny_draft: Path, tmp_path_factory: pytest.TempPathFactory):
+def tiny_bench(
+    tiny_target: Path,
+    tiny_draft: Path,
+    tiny_servers: dict[str, Server],
+    tmp_path_factory: pytest.TempPathFactory,
+):
     out_dir = tmp_path_factory.mktemp("ssd-bench")
     tok = datasets.load_tokenizer(tiny_target)
     prompts = datasets.load_prompts(datasets.HUMANEVAL, tok, 2)
-    tiny = ("--dtype", "float32", "--max-total-tokens", "4096")
     cfgs = [
-        configs.autoregressive(tiny_target, name="AR-2c", extra=tiny),
-        configs.ssd(tiny_target, tiny_draft, name="SSD-1+1c", extra=tiny),
+        configs.autoregressive(tiny_target, name="AR-2c"),
+        configs.ssd(tiny_target, tiny_draft, name="SSD-1+1c"),
     ]
     settings = harness.RunSettings(sampling=Sampling(max_new_tokens=16), concurrent_servers=True)
-    return harness.run_interleaved(cfgs, prompts, settings, log_dir=out_dir / "logs")
+    shared = provider({"AR-2c": tiny_servers["ar"], "SSD-1+1c": tiny_servers["ssd"]})
+    with restore_live_settings(tiny_servers["ssd"]):
+        return harness.run_interleaved(
+            cfgs, prompts, settings, log_dir=out_dir / "logs", servers=shared
+        )
 
 
 def test_live_ssd_batches_carry_counters_and_a_prediction(tiny_bench: dict[str, Any]) -> None:

@@ -1,43 +1,61 @@
-"""Servers started side by side: any set of them, or an AR and an SSD server on one target
-(test helper)."""
+"""Tiny servers a module starts for itself: an AR and an SSD server on one target, an SSD server
+beside the session's shared AR, a router in front of servers (test helper)."""
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import requests
+from tiny_servers import TINY_FLAGS
 
-from eval.servers import Server, ServerError, free_port
+from eval.servers import Server, ServerError, free_port, started_together
 
-TINY_FLAGS = ("--max-total-tokens", "4096", "--dtype", "float32")
+
+def ssd_args(target: Path, draft: Path, ssd_flags: Sequence[str] = ()) -> list[str]:
+    """Launcher flags of a tiny SSD server of `target` drafting with `draft`, plus `ssd_flags`."""
+    spec = ["--speculative-algorithm", "SSD", "--speculative-draft-model-path", str(draft)]
+    return ["--model-path", str(target), *TINY_FLAGS, *spec, *ssd_flags]
 
 
 @contextlib.contextmanager
 def ar_and_ssd(
     target: Path, draft: Path, logs: Path, ssd_flags: Sequence[str] = ()
 ) -> Iterator[dict[str, Server]]:
-    """{"ar": ..., "ssd": ...} servers of `target` (fp32, 4096 KV tokens), SSD drafting with
-    `draft` plus `ssd_flags`; the two start-ups overlap; both are stopped on exit.
+    """{"ar": ..., "ssd": ...} servers of `target` (fp32), SSD drafting with `draft` plus
+    `ssd_flags`; the two start-ups overlap; both are stopped on exit. For a target other than
+    the tiny pair's (whose AR server the session shares: `beside_shared_ar`).
 
     Raises:
         eval.servers.ServerError: if either fails to start (the other is stopped too).
     """
-    common = ["--model-path", str(target), *TINY_FLAGS]
-    spec = ["--speculative-algorithm", "SSD", "--speculative-draft-model-path", str(draft)]
+    ar = ["--model-path", str(target), *TINY_FLAGS, "--speculative-algorithm", "NONE"]
     made = {
-        "ar": Server("ar", [*common, "--speculative-algorithm", "NONE"], log_path=logs / "ar.log"),
-        "ssd": Server("ssd", [*common, *spec, *ssd_flags], log_path=logs / "ssd.log"),
+        "ar": Server("ar", ar, log_path=logs / "ar.log"),
+        "ssd": Server("ssd", ssd_args(target, draft, ssd_flags), log_path=logs / "ssd.log"),
     }
-    with started(made):
+    with started_together(made):
         yield made
+
+
+@contextlib.contextmanager
+def beside_shared_ar(
+    ar: Server, target: Path, draft: Path, logs: Path, ssd_flags: Sequence[str] = ()
+) -> Iterator[dict[str, Server]]:
+    """{"ar": `ar` (the session's shared tiny AR server), "ssd": an SSD server of its own}: the
+    SSD server of `target` drafting with `draft` plus `ssd_flags`, stopped on exit.
+
+    Raises:
+        eval.servers.ServerError: if the SSD server fails to start.
+    """
+    with Server("ssd", ssd_args(target, draft, ssd_flags), log_path=logs / "ssd.log") as ssd:
+        yield {"ar": ar, "ssd": ssd}
 
 
 def ssd_stats(server: Server) -> dict:
@@ -45,21 +63,6 @@ def ssd_stats(server: Server) -> dict:
     response = requests.get(f"{server.url}/ssd/stats", timeout=60)
     response.raise_for_status()
     return response.json()
-
-
-@contextlib.contextmanager
-def started(made: Mapping[str, Server]) -> Iterator[Mapping[str, Server]]:
-    """`made`'s servers started side by side (their start-ups overlap), all stopped on exit.
-
-    Raises:
-        eval.servers.ServerError: if any fails to start (the others are stopped too).
-    """
-    with contextlib.ExitStack() as stack:
-        for server in made.values():
-            stack.callback(server.stop)
-        with cf.ThreadPoolExecutor(len(made)) as pool:
-            list(pool.map(Server.start, made.values()))
-        yield made
 
 
 @contextlib.contextmanager

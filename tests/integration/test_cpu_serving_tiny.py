@@ -9,6 +9,10 @@ the speculative servers must really have verified drafts.
 The models are float32: a random tiny model has top-2 logit margins down to ~1e-2, which bf16
 rounding differences between attention kernels (verify vs decode shapes) do flip; float32 noise
 (~1e-6) does not. One server runs at a time (about 20 s to start on 2 cores).
+
+Marked `real` (`make test-real`): five server starts with SGLang's own launcher cost about 8
+minutes of CI's budget. CI checks the same CPU path with the session's shared tiny AR server
+against transformers (`test_sglang_cpu_path.py`).
 """
 
 from __future__ import annotations
@@ -69,6 +73,7 @@ CONFIGS: dict[str, list[str]] = {
 }
 SPECULATIVE = ["standalone", "standalone_tree", "ngram"]
 START_TIMEOUT_S = 300
+pytestmark = pytest.mark.real
 
 
 def build_tiny_pair(root: Path) -> tuple[Path, Path]:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from pair_servers import TINY_FLAGS, started
+from pair_servers import TINY_FLAGS
 
 from eval.servers import Server
 
@@ -23,21 +23,20 @@ EAGLE3_FLAGS = ("--speculative-num-steps", "3", "--speculative-eagle-topk", "1")
 
 
 @pytest.fixture(scope="module")
-def servers(tiny_target: Path, tiny_eagle3_head, tmp_path_factory: pytest.TempPathFactory):
+def servers(
+    tiny_target: Path,
+    tiny_eagle3_head,
+    tiny_servers: dict[str, Server],
+    tmp_path_factory: pytest.TempPathFactory,
+):
+    """The session's shared tiny AR server and an EAGLE3 server of this module's own."""
     head, _ = tiny_eagle3_head
     logs = tmp_path_factory.mktemp("eagle3-logs")
     common = ["--model-path", str(tiny_target), *TINY_FLAGS]
     spec = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(head)]
-    made = {
-        "ar": Server("ar", [*common, "--speculative-algorithm", "NONE"], log_path=logs / "ar.log"),
-        "eagle3": Server(
-            "eagle3",
-            [*common, *spec, *EAGLE3_FLAGS, "--speculative-num-draft-tokens", "4"],
-            log_path=logs / "eagle3.log",
-        ),
-    }
-    with started(made):
-        yield made
+    args = [*common, *spec, *EAGLE3_FLAGS, "--speculative-num-draft-tokens", "4"]
+    with Server("eagle3", args, log_path=logs / "eagle3.log") as eagle3:
+        yield {"ar": tiny_servers["ar"], "eagle3": eagle3}
 
 
 def _greedy(server: Server) -> list[dict]:

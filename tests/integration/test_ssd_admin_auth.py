@@ -1,5 +1,6 @@
 """`/ssd/config` and `/ssd/stats` under each API-key setting, and fan-out the speculator cannot
-hold (issue #11, item 9), on tiny-pair SSD servers: one per key setting, started together.
+hold (issue #11, item 9), on tiny-pair SSD servers: one per key setting (the session's shared
+tiny SSD server for "no key"; the others started together).
 
 The SSD routes carry SGLang 0.5.23's `ADMIN_OPTIONAL` auth level (`sglang/srt/utils/auth.py`,
 `decide_request_auth`), the same for GET and POST:
@@ -23,9 +24,9 @@ from pathlib import Path
 
 import pytest
 import requests
-from pair_servers import started
+from pair_servers import ssd_args
 
-from eval.servers import Server
+from eval.servers import Server, started_together
 
 API, ADMIN, WRONG = "api-secret", "admin-secret", "not-a-key"
 SENT = (None, API, ADMIN, WRONG)  # the Authorization bearer token a client sends, if any
@@ -68,9 +69,7 @@ class KeyedServer:
 def _server(setting: str, target: Path, draft: Path, logs: Path) -> Server:
     api_key, admin_key = KEYS[setting]
     args = [
-        *("--model-path", str(target), "--dtype", "float32", "--max-total-tokens", "2048"),
-        "--skip-server-warmup",
-        *("--speculative-algorithm", "SSD", "--speculative-draft-model-path", str(draft)),
+        *ssd_args(target, draft, ["--skip-server-warmup"]),
         *(("--api-key", api_key) if api_key else ()),
         *(("--admin-api-key", admin_key) if admin_key else ()),
     ]
@@ -79,13 +78,19 @@ def _server(setting: str, target: Path, draft: Path, logs: Path) -> Server:
 
 @pytest.fixture(scope="module")
 def servers(
-    tiny_target: Path, tiny_draft: Path, tmp_path_factory: pytest.TempPathFactory
+    tiny_target: Path,
+    tiny_draft: Path,
+    tiny_servers: dict[str, Server],
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[dict[str, KeyedServer]]:
-    """One tiny SSD server per key setting, started side by side (their start-ups overlap)."""
+    """One tiny SSD server per key setting: the shared one has no key, the others start side
+    by side (their start-ups overlap)."""
     logs = tmp_path_factory.mktemp("auth-logs")
-    made = {setting: _server(setting, tiny_target, tiny_draft, logs) for setting in KEYS}
-    with started(made):
-        yield {setting: KeyedServer(setting, server) for setting, server in made.items()}
+    keyed = [setting for setting in KEYS if setting != "none"]
+    made = {setting: _server(setting, tiny_target, tiny_draft, logs) for setting in keyed}
+    with started_together(made):
+        every = {"none": tiny_servers["ssd"], **made}
+        yield {setting: KeyedServer(setting, server) for setting, server in every.items()}
 
 
 @pytest.fixture(params=list(KEYS))

@@ -4,9 +4,9 @@ The options SSD applies (penalties, min tokens, logit bias, grammars) are checke
 autoregressive server in `test_ssd_options.py`; the one still refused here is a custom logit
 processor.
 
-One module-scoped `python -m sglang_ssd.launch_server --speculative-algorithm SSD` on the tiny
-random Qwen2 pair (float32, `--enable-metrics`, a decode log line every round). Every test
-reuses it and checks that it still serves after each refused request.
+The session's shared tiny SSD server (`tiny_ssd`: float32, `--enable-metrics`, a decode log
+line every round; live settings restored after each test). Every test checks that it still
+serves after each refused request.
 
 Bad inputs SGLang 0.5.23 already refuses with a clear 400 (the tests pin the status and message):
 negative or huge max_new_tokens, temperature < 0, top_p outside (0, 1], top_k 0 or < -1,
@@ -18,66 +18,26 @@ an empty text prompt and token ids outside the vocabulary.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-START_TIMEOUT_S = 600
+from eval.servers import Server
+
 PROMPT_IDS = [68, 69, 70, 0, 70, 73, 66, 79, 78]  # "def fibon"
 REFUSED = "SSD cannot apply"
 
 
-class SSDServer:
-    """`python -m sglang_ssd.launch_server --speculative-algorithm SSD` in its own group."""
+class SSDClient:
+    """Requests to the shared tiny SSD server (`tiny_ssd`); HTTP errors come back as statuses."""
 
-    def __init__(self, target: Path, draft: Path, log: Path) -> None:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = log
-        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-        env["SGLANG_USE_CPU_ENGINE"] = "1"
-        cmd = [
-            sys.executable, "-m", "sglang_ssd.launch_server",
-            "--model-path", str(target),
-            "--speculative-draft-model-path", str(draft),
-            "--speculative-algorithm", "SSD",
-            "--dtype", "float32",
-            "--max-total-tokens", "2048",
-            "--host", "127.0.0.1",
-            "--port", str(self.port),
-            "--skip-server-warmup",
-            "--enable-metrics",
-            "--decode-log-interval", "1",
-        ]  # fmt: skip
-        with log.open("w") as out:
-            self.proc = subprocess.Popen(
-                cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-            )
-
-    def wait_healthy(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.tail()}")
-            try:
-                if self.get("/health")[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(1.0)
-        raise TimeoutError(f"server not healthy after {START_TIMEOUT_S} s:\n{self.tail()}")
+    def __init__(self, server: Server) -> None:
+        self.url = server.url
+        assert server.log_path is not None
+        self.log = server.log_path
 
     def request(self, method: str, path: str, body: Any = None, raw: bytes | None = None):
         """(status, decoded JSON or text) of one request; HTTP errors are returned, not raised."""
@@ -129,29 +89,10 @@ class SSDServer:
     def assert_serving(self) -> None:
         assert len(self.generate(max_new_tokens=2)["output_ids"]) == 2
 
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=30)
 
-    def tail(self, lines: int = 40) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-
-
-@pytest.fixture(scope="module")
-def server(
-    tiny_target: Path, tiny_draft: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[SSDServer]:
-    srv = SSDServer(tiny_target, tiny_draft, tmp_path_factory.mktemp("ssd_api") / "server.log")
-    try:
-        srv.wait_healthy()
-        yield srv
-    finally:
-        srv.stop()
+@pytest.fixture
+def server(tiny_ssd: Server) -> SSDClient:
+    return SSDClient(tiny_ssd)
 
 
 def _error_message(body: Any) -> str:
@@ -170,7 +111,7 @@ def _error_message(body: Any) -> str:
     ],
 )
 def test_generate_refuses_options_ssd_cannot_apply(
-    server: SSDServer, extra: dict, option: str
+    server: SSDClient, extra: dict, option: str
 ) -> None:
     body = {"input_ids": PROMPT_IDS, **extra}
     body["sampling_params"] = {"max_new_tokens": 4, **extra.get("sampling_params", {})}
@@ -182,7 +123,7 @@ def test_generate_refuses_options_ssd_cannot_apply(
 
 
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
-def test_openai_routes_refuse_options_ssd_cannot_apply(server: SSDServer, path: str) -> None:
+def test_openai_routes_refuse_options_ssd_cannot_apply(server: SSDClient, path: str) -> None:
     body: dict[str, Any] = {"model": "tiny", "max_tokens": 4, "custom_logit_processor": "{}"}
     if path.endswith("chat/completions"):
         body["messages"] = [{"role": "user", "content": "hi"}]
@@ -195,7 +136,7 @@ def test_openai_routes_refuse_options_ssd_cannot_apply(server: SSDServer, path: 
     server.assert_serving()
 
 
-def test_min_p_logprobs_and_n_are_served(server: SSDServer, tiny_target: Path) -> None:
+def test_min_p_logprobs_and_n_are_served(server: SSDClient, tiny_target: Path) -> None:
     """min_p is applied exactly by saguaro; logprobs come from the target's own logits."""
     out = server.generate(sampling_params={"temperature": 0.7, "min_p": 0.05})
     assert len(out["output_ids"]) == 8
@@ -243,7 +184,7 @@ def _reference_logprobs(model_path: Path, output_ids: list[int], temperature: fl
         ({"input_ids": [5] * 5000}, "longer than the model's context length"),
     ],
 )
-def test_bad_input_gets_400(server: SSDServer, body: dict, message: str) -> None:
+def test_bad_input_gets_400(server: SSDClient, body: dict, message: str) -> None:
     request = {"input_ids": PROMPT_IDS, "sampling_params": {"max_new_tokens": 4}}
     if "text" in body:
         request.pop("input_ids")
@@ -255,7 +196,7 @@ def test_bad_input_gets_400(server: SSDServer, body: dict, message: str) -> None
     server.assert_serving()
 
 
-def test_malformed_json_gets_400(server: SSDServer) -> None:
+def test_malformed_json_gets_400(server: SSDClient) -> None:
     for path in ("/generate", "/v1/completions", "/ssd/config"):
         status, reply = server.post(path, raw=b'{"text": "abc", ')
         assert status == 400, (path, reply)
@@ -263,7 +204,7 @@ def test_malformed_json_gets_400(server: SSDServer) -> None:
 
 
 # ------------------------------------------------------------------ admin endpoints
-def test_admin_config_round_trip(server: SSDServer) -> None:
+def test_admin_config_round_trip(server: SSDClient) -> None:
     status, config = server.get("/ssd/config")
     assert status == 200
     # tree_depth null: self-tuned (the D in force is in /ssd/stats).
@@ -286,7 +227,7 @@ def test_admin_config_round_trip(server: SSDServer) -> None:
     server.assert_serving()
 
 
-def test_admin_stats(server: SSDServer) -> None:
+def test_admin_stats(server: SSDClient) -> None:
     server.generate(max_new_tokens=16)
     status, stats = server.get("/ssd/stats")
     assert status == 200
@@ -320,13 +261,13 @@ def _check_ssd_meta(meta: dict) -> None:
     assert set(meta["ssd_backup_rounds"]) >= {"jit", "ngram", "random", "local-ngram"}
 
 
-def test_meta_info_has_ssd_fields(server: SSDServer) -> None:
+def test_meta_info_has_ssd_fields(server: SSDClient) -> None:
     meta = server.generate(max_new_tokens=16)["meta_info"]
     assert meta["ssd_rounds"] > 0
     _check_ssd_meta(meta)
 
 
-def test_streaming_generate(server: SSDServer) -> None:
+def test_streaming_generate(server: SSDClient) -> None:
     events = server.stream(
         "/generate",
         {
@@ -342,7 +283,7 @@ def test_streaming_generate(server: SSDServer) -> None:
     _check_ssd_meta(final["meta_info"])
 
 
-def test_openai_completions_and_chat(server: SSDServer) -> None:
+def test_openai_completions_and_chat(server: SSDClient) -> None:
     status, reply = server.post(
         "/v1/completions", {"model": "tiny", "prompt": "def f", "max_tokens": 6, "temperature": 0}
     )
@@ -360,7 +301,7 @@ def test_openai_completions_and_chat(server: SSDServer) -> None:
 
 
 # ------------------------------------------------------------------ aggregates
-def test_decode_log_line_and_prometheus(server: SSDServer) -> None:
+def test_decode_log_line_and_prometheus(server: SSDClient) -> None:
     server.generate(max_new_tokens=8)
     lines = [line for line in server.log.read_text().splitlines() if "Decode batch" in line]
     assert lines and "ssd hit rate:" in lines[-1] and "wait draft:" in lines[-1]

@@ -25,7 +25,7 @@ from typing import Any
 import psutil
 import pytest
 import requests
-from pair_servers import ar_and_ssd
+from pair_servers import beside_shared_ar
 
 from eval.servers import Server
 
@@ -41,11 +41,16 @@ AFTER_PROMPTS = ["zzz", "1 2 3 4", "print(", "SELECT * FROM"]
 
 @pytest.fixture(scope="module")
 def servers(
-    tiny_target: Path, tiny_draft: Path, tmp_path_factory: pytest.TempPathFactory
+    tiny_target: Path,
+    tiny_draft: Path,
+    tiny_servers: dict[str, Server],
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[dict[str, Server]]:
+    """The session's shared tiny AR server and an SSD server of this module's own (its
+    speculator is killed and stopped here)."""
     logs = tmp_path_factory.mktemp("fault-logs")
     timeout = ["--ssd-speculator-timeout", str(TIMEOUT_S)]
-    with ar_and_ssd(tiny_target, tiny_draft, logs, timeout) as made:
+    with beside_shared_ar(tiny_servers["ar"], tiny_target, tiny_draft, logs, timeout) as made:
         yield made
 
 

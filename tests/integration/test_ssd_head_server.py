@@ -12,11 +12,11 @@ have served without features) must be drafted by the head again.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import contextlib
 from pathlib import Path
 
 import pytest
 import requests
+from pair_servers import ssd_args
 
 from eval.servers import Server
 from sglang_ssd.testing.corpus import tiny_corpus
@@ -33,27 +33,23 @@ def _prompts() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def servers(tiny_target: Path, tiny_eagle3_head, tmp_path_factory: pytest.TempPathFactory):
+def servers(
+    tiny_target: Path,
+    tiny_eagle3_head,
+    tiny_servers: dict[str, Server],
+    tmp_path_factory: pytest.TempPathFactory,
+):
+    """The session's shared tiny AR server and an SSD server drafting with the head."""
     head, _ = tiny_eagle3_head
     logs = tmp_path_factory.mktemp("logs")
-    common = ["--model-path", str(tiny_target), "--max-total-tokens", "4096", "--dtype", "float32"]
-    configs = {
-        "ar": [*common, "--speculative-algorithm", "NONE"],
-        "head": [
-            *common,
-            "--speculative-algorithm", "SSD",
-            "--speculative-draft-model-path", str(head),
-            "--disable-radix-cache",
-            # Every miss drafted by the head just in time (`auto` picks n-grams at batch 1 once
-            # it has measured this weak head), so every round measures the head.
-            "--ssd-backup", "jit",
-        ],
-    }  # fmt: skip
-    with contextlib.ExitStack() as stack:
-        yield {
-            name: stack.enter_context(Server(name, args, log_path=logs / f"{name}.log"))
-            for name, args in configs.items()
-        }
+    flags = [
+        "--disable-radix-cache",
+        # Every miss drafted by the head just in time (`auto` picks n-grams at batch 1 once it
+        # has measured this weak head), so every round measures the head.
+        *("--ssd-backup", "jit"),
+    ]
+    with Server("head", ssd_args(tiny_target, head, flags), log_path=logs / "head.log") as ssd:
+        yield {"ar": tiny_servers["ar"], "head": ssd}
 
 
 def _generate(server: Server, prompt: str) -> dict:

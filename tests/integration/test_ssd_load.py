@@ -1,21 +1,19 @@
 """Sustained load on SSD (issue 7, item 4), the CI version: 16 streaming clients for 30 s,
 after 30 s of the same load as warm-up.
 
-One SSD server on the tiny random pair. `eval.load` drives it: greedy and sampled requests of
-8 to 64 tokens, with every seventh request of each client hung up mid-stream (an abort). The
-test checks that no request failed and no speculator fault happened; that after the load (and
-one settling request that sweeps requests which left unannounced) the speculator holds no KV
-slots, no open requests and no cache entries and the target client tracks no request; that the
-scheduler's own KV pool raised no leak; and that the resident memory of the scheduler and the
-speculator grew less than 10% after the warm-up (it rises at first: see `eval.load.run_load`).
-The 3-minute run on the real pair is `python -m eval.load`.
+The session's shared tiny SSD server (`tiny_ssd`). `eval.load` drives it: greedy and sampled
+requests of 8 to 64 tokens, with every seventh request of each client hung up mid-stream (an
+abort). The test checks that no request failed and no speculator fault happened; that after the
+load (and one settling request that sweeps requests which left unannounced) the speculator holds
+no KV slots, no open requests and no cache entries and the target client tracks no request; that
+the scheduler's own KV pool raised no leak; and that the resident memory of the scheduler and
+the speculator grew less than 10% after the warm-up (it rises at first: see
+`eval.load.run_load`). The 3-minute run on the real pair is `python -m eval.load`.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -35,20 +33,9 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def server(
-    tiny_target: Path, tiny_draft: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Server]:
-    log = tmp_path_factory.mktemp("load-logs") / "ssd.log"
-    args = [
-        "--model-path", str(tiny_target),
-        "--speculative-algorithm", "SSD",
-        "--speculative-draft-model-path", str(tiny_draft),
-        "--max-total-tokens", "8192",
-        "--dtype", "float32",
-    ]  # fmt: skip
-    with Server("ssd-load", args, log_path=log) as started:
-        yield started
+@pytest.fixture
+def server(tiny_ssd: Server) -> Server:
+    return tiny_ssd
 
 
 def test_sixteen_streaming_clients_leak_nothing(server: Server) -> None:
@@ -58,7 +45,7 @@ def test_sixteen_streaming_clients_leak_nothing(server: Server) -> None:
         for k in ("requests", "completed", "aborted", "tokens", "tokens_per_s", "rss_growth")
     }
     print("\nload:", json.dumps(summary), result["counters_before"], result["counters_after"])
-    (server.log_path.parent / "load.json").write_text(json.dumps(result, indent=1))
+    (server.log_path.parent / "tiny-ssd-load.json").write_text(json.dumps(result, indent=1))
     assert not result["errors"], result["errors"][:5]
     assert result["completed"] > CLIENTS and result["aborted"] > 0  # both paths exercised
     assert result["counters_after"] == result["counters_before"]

@@ -1,40 +1,38 @@
 """Every sampling option SSD applies, served on the tiny pair and compared with plain decoding.
 
-Two real servers on the tiny pair: SSD, and SGLang's autoregressive decoding with
-`--disable-overlap-schedule`. The reference must be the non-overlap one: with the overlap
-scheduler, SGLang 0.5.23's penalizers count the prompt's last token and lag the output by one
-step (`ScheduleBatch.cumulate_penalty_output_tokens` reads `output_ids` before the overlapped
-step has written them), so the default AR server is not plain decoding under penalties
-(see README, Exactness). Greedy SSD must equal it token for token for each option; greedy
-logprobs under penalties and a bias must equal it within float tolerance; a JSON-schema
-request served together with plain requests must equal it too; so must OpenAI chat requests
-constrained by `response_format` or a required / named `tool_choice`. Both servers run with
-`--chunked-prefill-size` and `--enable-return-hidden-states`, and SGLang's default
-`--grammar-backend` (xgrammar) (README, server flags), with
-`--constrained-json-max-whitespace-cnt 2`: the tiny model, where xgrammar's JSON grammar
-allows it, can emit whitespace until `max_new_tokens` (seen on an AVX2-only CPU, where the tiny
-pair trains to other weights), so a schema-constrained answer would never close; with at most
-2 whitespace characters per gap `SCHEMA`'s JSON is bounded (a name of at most 12 characters, a
-size of at most 3 digits) and must finish.
+The session's shared tiny servers (`tiny_ar`, `tiny_ssd`; `tests/tiny_servers.py`): SSD, and
+SGLang's autoregressive decoding with `--disable-overlap-schedule`. The reference must be the
+non-overlap one: with the overlap scheduler, SGLang 0.5.23's penalizers count the prompt's
+last token and lag the output by one step (`ScheduleBatch.cumulate_penalty_output_tokens`
+reads `output_ids` before the overlapped step has written them), so the default AR server is
+not plain decoding under penalties (see README, Exactness). Greedy SSD must equal it token for
+token for each option; greedy logprobs under penalties and a bias must equal it within float
+tolerance; a JSON-schema request served together with plain requests must equal it too; so
+must OpenAI chat requests constrained by `response_format` or a required / named
+`tool_choice`. Both servers run with `--chunked-prefill-size` and
+`--enable-return-hidden-states`, and SGLang's default `--grammar-backend` (xgrammar) (README,
+server flags), with `--constrained-json-max-whitespace-cnt 2`: the tiny model, where
+xgrammar's JSON grammar allows it, can emit whitespace until `max_new_tokens` (seen on an
+AVX2-only CPU, where the tiny pair trains to other weights), so a schema-constrained answer
+would never close; with at most 2 whitespace characters per gap `SCHEMA`'s JSON is bounded (a
+name of at most 12 characters, a size of at most 3 digits) and must finish.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
-import contextlib
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
+from tiny_servers import CHUNK  # --chunked-prefill-size: LONG_PROMPT prefills in chunks
 
 from eval.servers import Server
 
 pytestmark = pytest.mark.integration
 
 PROMPTS = ["def fibon", "hello world", "abcabc"]
-CHUNK = 64  # --chunked-prefill-size: LONG_PROMPT prefills in several chunks
 LONG_PROMPT = "def total(values):\n    return sum(v for v in values if v > 0)\n" * 4
 SCHEMA = {
     "type": "object",
@@ -57,24 +55,9 @@ OPTIONS: dict[str, dict[str, Any]] = {
 }
 
 
-@pytest.fixture(scope="module")
-def servers(tiny_target: Path, tiny_draft: Path, tmp_path_factory: pytest.TempPathFactory):
-    logs = tmp_path_factory.mktemp("logs")
-    common = [
-        *("--model-path", str(tiny_target), "--max-total-tokens", "4096", "--dtype", "float32"),
-        *("--chunked-prefill-size", str(CHUNK), "--enable-return-hidden-states"),
-        *("--constrained-json-max-whitespace-cnt", "2"),
-    ]
-    spec = ["--speculative-draft-model-path", str(tiny_draft), "--speculative-algorithm", "SSD"]
-    configs = {
-        "ar": [*common, "--speculative-algorithm", "NONE", "--disable-overlap-schedule"],
-        "ssd": [*common, *spec],
-    }
-    with contextlib.ExitStack() as stack:
-        yield {
-            name: stack.enter_context(Server(name, args, log_path=logs / f"{name}.log"))
-            for name, args in configs.items()
-        }
+@pytest.fixture
+def servers(tiny_ar: Server, tiny_ssd: Server) -> dict[str, Server]:
+    return {"ar": tiny_ar, "ssd": tiny_ssd}
 
 
 def _generate(server: Server, prompt: str, **extra: Any) -> dict:

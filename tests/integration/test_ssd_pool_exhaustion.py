@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from pair_servers import ar_and_ssd, ssd_stats
+from pair_servers import beside_shared_ar, ssd_stats
 
 from eval.servers import Server
 
@@ -36,10 +36,16 @@ SETTLE_S = 60.0  # hang guard for the speculator to drop finished requests, not 
 
 
 @pytest.fixture(scope="module")
-def servers(tiny_target: Path, tiny_draft: Path, tmp_path_factory: pytest.TempPathFactory):
+def servers(
+    tiny_target: Path,
+    tiny_draft: Path,
+    tiny_servers: dict[str, Server],
+    tmp_path_factory: pytest.TempPathFactory,
+):
     # jit for every miss (auto would pick n-gram at this batch size): jit drafts need slots too
     flags = ["--ssd-draft-kv-tokens", str(POOL), "--ssd-backup", "jit"]
-    with ar_and_ssd(tiny_target, tiny_draft, tmp_path_factory.mktemp("pool-logs"), flags) as made:
+    logs = tmp_path_factory.mktemp("pool-logs")
+    with beside_shared_ar(tiny_servers["ar"], tiny_target, tiny_draft, logs, flags) as made:
         yield made
 
 

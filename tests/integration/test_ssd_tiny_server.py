@@ -9,18 +9,19 @@ with the radix cache hit by a repeated prompt.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import contextlib
 import itertools
 import os
 import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import psutil
 import pytest
 import requests
+from tiny_servers import TINY_FLAGS
 from transformers import AutoConfig, AutoTokenizer
 
-from eval.servers import Server
+from eval.servers import Server, started_together
 from sglang_ssd.speculator import draft_vocab
 from sglang_ssd.testing.corpus import tiny_corpus
 
@@ -45,27 +46,36 @@ def vocab_cache(tiny_draft: Path, tmp_path_factory: pytest.TempPathFactory) -> t
 
 
 @pytest.fixture(scope="module")
-def servers(
+def own_servers(
     tiny_target: Path,
     tiny_draft: Path,
     vocab_cache: tuple[Path, int],
     tmp_path_factory: pytest.TempPathFactory,
-):
+) -> Iterator[Mapping[str, Server]]:
+    """The SSD servers this module needs its own flags for: sync mode and a reduced draft
+    vocabulary."""
     logs = tmp_path_factory.mktemp("logs")
-    common = ["--model-path", str(tiny_target), "--max-total-tokens", "4096", "--dtype", "float32"]
+    common = ["--model-path", str(tiny_target), *TINY_FLAGS]
     spec = ["--speculative-draft-model-path", str(tiny_draft), "--speculative-algorithm", "SSD"]
     configs = {
-        "ar": [*common, "--speculative-algorithm", "NONE"],
-        "ssd": [*common, *spec],
         "sync": [*common, *spec, "--ssd-mode", "sync"],
         "vocab": [*common, *spec, "--ssd-draft-vocab", str(VOCAB)],
     }
     env = {"SGLANG_SSD_CACHE": str(vocab_cache[0])}
-    with contextlib.ExitStack() as stack:
-        yield {
-            name: stack.enter_context(Server(name, args, log_path=logs / f"{name}.log", env=env))
-            for name, args in configs.items()
-        }
+    made = {
+        name: Server(name, args, log_path=logs / f"{name}.log", env=env)
+        for name, args in configs.items()
+    }
+    with started_together(made):
+        yield made
+
+
+@pytest.fixture
+def servers(
+    tiny_ar: Server, tiny_ssd: Server, own_servers: Mapping[str, Server]
+) -> dict[str, Server]:
+    """The session's shared AR and SSD servers and this module's own."""
+    return {"ar": tiny_ar, "ssd": tiny_ssd, **own_servers}
 
 
 def _generate(server: Server, prompt: str, max_new_tokens: int = 40, **sampling) -> dict:
@@ -153,8 +163,9 @@ def test_plain_rounds_switched_mid_request_keep_greedy_output(servers):
 def test_tree_depth_is_self_tuned_until_pinned(servers):
     """Default: the target picks D each round (`DepthTuner`) and sends it with the Step;
     `POST /ssd/config {"tree_depth": 1}` pins it, the speculator builds at D = 1 from then on,
-    and greedy output stays the target's; 0 self-tunes again. (Last in the module.)"""
+    and greedy output stays the target's; 0 self-tunes again."""
     url = servers["ssd"].url
+    _generate(servers["ssd"], PROMPTS[0], 8, temperature=0)  # the tuner has measured a round
     stats = requests.get(f"{url}/ssd/stats", timeout=60).json()["speculator"]
     assert stats["tree_depth_pinned"] == 0.0
     assert 1 <= stats["tree_depth"] <= 4 and stats["tuner_t_forward_s"] > 0

@@ -1,6 +1,8 @@
 """SSD with a tensor-parallel target (`--tp-size 2`) served end to end on CPU: one speculator
-for the TP group, driven by rank 0, and greedy output equal to the AR server with the same
-`--tp-size` (the same TP layout, so the same reduction order).
+for the TP group, driven by rank 0, and greedy output equal to the autoregressive server's
+(the session's shared tiny AR server, `--tp-size 1`) under DESIGN.md §1's rule: the two TP
+layouts sum in another order (float32 noise, ~1e-6), so a divergence would be allowed only
+where the target's fp32 top-2 margin is below ε (`check_greedy`).
 
 SGLang's CPU engine runs `--tp-size 2` on 2 cores with `SGLANG_CPU_OMP_THREADS_BIND="0|1"`
 (one core per rank); the speculator shares rank 1's core, which costs speed, not correctness.
@@ -14,9 +16,11 @@ from pathlib import Path
 import psutil
 import pytest
 import requests
-from pair_servers import TINY_FLAGS, started
+from pair_servers import ssd_args
 
 from eval.servers import Server
+from sglang_ssd.testing import check_greedy
+from sglang_ssd.testing.tiny_models import tokenize
 
 PROMPTS = ["def add(a, b):", "The quick brown fox", "for i in range(10):", "class Stack:"]
 pytestmark = pytest.mark.integration
@@ -24,21 +28,17 @@ TP_ENV = {"SGLANG_CPU_OMP_THREADS_BIND": "0|1", "OMP_NUM_THREADS": "1"}
 
 
 @pytest.fixture(scope="module")
-def servers(tiny_target: Path, tiny_draft: Path, tmp_path_factory: pytest.TempPathFactory):
-    logs = tmp_path_factory.mktemp("tp-logs")
-    common = ["--model-path", str(tiny_target), *TINY_FLAGS, "--tp-size", "2"]
-    spec = ["--speculative-algorithm", "SSD", "--speculative-draft-model-path", str(tiny_draft)]
-    made = {
-        "ar": Server(
-            "ar-tp2",
-            [*common, "--speculative-algorithm", "NONE"],
-            env=TP_ENV,
-            log_path=logs / "ar.log",
-        ),
-        "ssd": Server("ssd-tp2", [*common, *spec], env=TP_ENV, log_path=logs / "ssd.log"),
-    }
-    with started(made):
-        yield made
+def servers(
+    tiny_target: Path,
+    tiny_draft: Path,
+    tiny_servers: dict[str, Server],
+    tmp_path_factory: pytest.TempPathFactory,
+):
+    """The session's shared tiny AR server and a `--tp-size 2` SSD server of this module's."""
+    log = tmp_path_factory.mktemp("tp-logs") / "ssd.log"
+    args = [*ssd_args(tiny_target, tiny_draft), "--tp-size", "2"]
+    with Server("ssd-tp2", args, env=TP_ENV, log_path=log) as ssd:
+        yield {"ar": tiny_servers["ar"], "ssd": ssd}
 
 
 def _generate(server: Server, prompt: str, max_new_tokens: int, **sampling) -> dict:
@@ -58,8 +58,10 @@ def _outputs(server: Server, **sampling) -> list[list[int]]:
         return [out["output_ids"] for out in done]
 
 
-def test_tp2_greedy_equals_ar_tp2(servers):
-    assert _outputs(servers["ssd"]) == _outputs(servers["ar"])
+def test_tp2_greedy_equals_ar(servers, tiny_target: Path):
+    prompts = [tokenize(p) for p in PROMPTS]
+    check = check_greedy(tiny_target, prompts, _outputs(servers["ar"]), _outputs(servers["ssd"]))
+    assert not check.violations, check.violations
     stats = requests.get(f"{servers['ssd'].url}/ssd/stats", timeout=30).json()
     # It really speculated across the TP group: drafts were accepted, some from the cache.
     assert stats["rounds"] > 0 and stats["accept_length"] > 1.0

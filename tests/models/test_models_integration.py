@@ -1,4 +1,7 @@
-"""Checks on the real pulled pair (pulls it if absent: ~1.6 GB download, several minutes)."""
+"""Checks on the real pulled pair (pulls it if absent: ~1.6 GB download, several minutes).
+
+The folder and tokenizer checks run in CI; the two that generate with transformers (bf16, both
+models, about half a minute on an AVX2-only CPU) are marked `real` (`make test-real`)."""
 
 from __future__ import annotations
 
@@ -57,6 +60,7 @@ def test_target_and_draft_share_the_tokenizer(folders: dict[str, Path]) -> None:
     )
 
 
+@pytest.mark.real
 def test_greedy_output_is_code(folders: dict[str, Path], greedy: dict[str, list[int]]) -> None:
     from transformers import AutoTokenizer
 
@@ -66,6 +70,7 @@ def test_greedy_output_is_code(folders: dict[str, Path], greedy: dict[str, list[
         assert "return" in text or "if n" in text, f"{name} wrote {text!r}"
 
 
+@pytest.mark.real
 def test_draft_mostly_agrees_with_target(greedy: dict[str, list[int]]) -> None:
     target, draft = greedy[TARGET_MODEL], greedy["agreement"]
     agreement = sum(t == d for t, d in zip(target, draft, strict=True)) / len(target)

@@ -2,10 +2,12 @@
 
 1. SGLang on this CPU (AR, our `sgl_kernel` shim, intel_amx backend) reproduces transformers'
    greedy output from the same bf16 weights: `TRANSFORMERS_PROMPTS` HumanEval prompt ×
-   `AR_TOKENS` tokens.
-2. SSD reproduces AR's greedy output: `PROMPTS` prompts × `SSD_TOKENS` tokens, and it really
-   speculates: the speculator is a separate process on disjoint cores, the cache hit rate is
-   > 0 and the accept length is > 2.
+   `AR_TOKENS` tokens (`make test-real`; CI checks the same path on the tiny pair:
+   `tests/integration/test_sglang_cpu_path.py`).
+2. SSD reproduces AR's greedy output: each of `PROMPT_SETS` (CI: a HumanEval prompt and an
+   MT-Bench chat turn; `make test-real`: the first two HumanEval prompts) × `SSD_TOKENS` tokens,
+   and it really speculates: the speculator is a separate process on disjoint cores, the cache
+   hit rate is > 0 and the accept length is > 2.
 Both under DESIGN.md §1's rule: a divergence is allowed only where the target's fp32 top-2 margin
 is below ε = `DEFAULT_MARGIN_EPS`; such positions are printed. After one, SSD's check goes on
 teacher-forced (AR continues from SSD's prefix), so all of SSD's tokens are checked.
@@ -21,6 +23,7 @@ import pytest
 import requests
 import torch
 
+from eval.datasets import BOTH, HUMANEVAL, load_prompts, load_tokenizer
 from eval.lossless import continuation
 from eval.servers import Server
 from sglang_ssd.testing import check_greedy
@@ -30,28 +33,39 @@ from .same_output import report_divergences
 
 pytestmark = pytest.mark.integration
 
-# Sized for CI on a 2-core AVX2-only CPU, where an SSD verify of 5 tokens takes about 2 s and the
-# whole real-pair package must stay near 15 minutes (it was 3 prompts × 32 and × 64).
+# Sized for CI on a 2-core AVX2-only CPU, where an SSD verify of 5 tokens takes about 2 s (it
+# was 3 prompts × 32 and × 64).
 PROMPTS = 2
 TRANSFORMERS_PROMPTS = 1  # transformers' bf16 generate alone takes ~1.5 min per prompt there
 AR_TOKENS = 16
 SSD_TOKENS = 16
+# Chat-templated prompt sets: CI's smoke has one code and one chat prompt; the rest is `real`.
+PROMPT_SETS = [
+    pytest.param(BOTH, id="code-and-chat"),
+    pytest.param(HUMANEVAL, id="humaneval", marks=pytest.mark.real),
+]
+
+
+@pytest.fixture(scope="module", params=PROMPT_SETS)
+def prompts(pair, request: pytest.FixtureRequest) -> list[list[int]]:
+    tokenizer = load_tokenizer(pair[0])
+    return [list(p.input_ids) for p in load_prompts(request.param, tokenizer, PROMPTS)]
 
 
 @pytest.fixture(scope="module")
-def prompts(pair) -> list[list[int]]:
-    return humaneval_ids(pair[0], PROMPTS)
+def transformers_prompts(pair) -> list[list[int]]:
+    return humaneval_ids(pair[0], TRANSFORMERS_PROMPTS)
 
 
 @pytest.fixture(scope="module")
-def transformers_greedy(pair, prompts) -> list[list[int]]:
+def transformers_greedy(pair, transformers_prompts) -> list[list[int]]:
     """transformers' greedy `AR_TOKENS` tokens from the bf16 folder, in the test process."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(pair[0]), dtype=torch.bfloat16)
     outputs = []
     with torch.inference_mode():
-        for ids in prompts[:TRANSFORMERS_PROMPTS]:
+        for ids in transformers_prompts:
             out = model.generate(torch.tensor([ids]), max_new_tokens=AR_TOKENS, do_sample=False)
             outputs.append(out[0, len(ids) :].tolist())
     del model
@@ -69,8 +83,11 @@ def _greedy(server: Server, prompts: list[list[int]], n: int) -> list[dict]:
     return out
 
 
-def test_ar_server_matches_transformers_greedy(pair, prompts, transformers_greedy, ar_server):
-    compared = prompts[:TRANSFORMERS_PROMPTS]
+@pytest.mark.real
+def test_ar_server_matches_transformers_greedy(
+    pair, transformers_prompts, transformers_greedy, ar_server
+):
+    compared = transformers_prompts
     got = [r["output_ids"] for r in _greedy(ar_server, compared, AR_TOKENS)]
     check = check_greedy(pair[0], compared, transformers_greedy, got)
     report_divergences("AR vs transformers", check)
