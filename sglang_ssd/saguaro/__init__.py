@@ -10,7 +10,13 @@ from .backups import NgramSpeculator, RandomSpeculator
 from .cache import CacheLookup, SparseProbs, SpeculationCache
 from .fallback import Backup, BackupStats, FallbackPolicy
 from .fanout import fit_hit_counts, fit_hit_model, geometric_fanout, hit_rate, uniform_fanout
-from .sampling import SamplingBatch, apply_sampling, saguaro_probs, top_m_from_fanout
+from .sampling import (
+    SamplingBatch,
+    apply_sampling,
+    filter_order,
+    saguaro_probs,
+    top_m_from_fanout,
+)
 from .speedup import expected_speedup
 from .uniforms import VerifyUniforms
 from .verify import VerifyResult, verify
@@ -32,6 +38,7 @@ __all__ = [
     "apply_sampling",
     "expected_accept_length",
     "expected_speedup",
+    "filter_order",
     "fit_hit_counts",
     "fit_hit_model",
     "geometric_fanout",

@@ -1,11 +1,20 @@
 """Per-request sampling parameters, the target distribution p and Saguaro's draft distribution.
 
-`apply_sampling` turns logits into the distribution SGLang's sampler draws from
-(`top_k_top_p_min_p_sampling_from_probs_torch` in sglang/srt/layers/sampler.py, pinned 0.5.23):
-divide by the temperature, softmax, sort descending, zero ranks >= top_k, zero tokens whose
-exclusive cumulative probability exceeds top_p, optionally zero tokens below min_p times the top
-probability, and renormalise (SGLang's `torch.multinomial` renormalises implicitly). Greedy rows
-become a one-hot at `argmax(logits)`, as SGLang's greedy path picks `torch.argmax(logits, -1)`.
+`apply_sampling` turns logits into the distribution SGLang's sampler draws from (pinned 0.5.23,
+sglang/srt/layers/sampler.py `Sampler._sample_from_probs`): divide by the temperature, softmax,
+then filter in the order of the server's `--sampling-backend` (`SamplingBatch.filter_order`):
+- "joint" (the "pytorch" backend, SGLang's default where FlashInfer is missing, e.g. every CPU;
+  `top_k_top_p_min_p_sampling_from_probs_torch`; and "flashinfer" for a batch without min-p,
+  `top_k_top_p_sampling_from_probs(filter_apply_order="joint")`): sort descending, zero ranks
+  >= top_k, zero tokens whose exclusive cumulative probability exceeds top_p (both on the
+  original probabilities), optionally zero tokens below min_p times the top probability;
+- "sequential" ("flashinfer" and "intel_xpu" for a batch where any request has min_p > 0, the
+  default on CUDA: `top_k_renorm_prob`, then `top_p_renorm_prob`, then
+  `min_p_sampling_from_probs`): each filter on the renormalised result of the one before;
+and renormalise (SGLang's `torch.multinomial` renormalises implicitly). The two differ: p = [0.4,
+0.3, 0.2, 0.1] with top_k 2, top_p 0.5 keeps tokens 0 and 1 jointly (exclusive mass 0.4 <= 0.5)
+but only token 0 in sequence (0.3 / 0.7 renormalised follows 0.571 > 0.5). Greedy rows become a
+one-hot at `argmax(logits)`, as SGLang's greedy path picks `torch.argmax(logits, -1)`.
 DESIGN.md section 1: the target's p must be the distribution autoregressive decoding samples from.
 
 `saguaro_probs` is Saguaro sampling (paper Definition 14): the same distribution with the top M
@@ -20,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -27,6 +37,22 @@ import torch
 GREEDY_TEMPERATURE_EPS = 1e-6
 # SGLang's `TOP_K_ALL`: "the whole vocabulary"; -1 is accepted as an alias.
 TOP_K_ALL = 1 << 30
+
+FilterOrder = Literal["joint", "sequential"]
+FILTER_ORDERS: tuple[FilterOrder, ...] = ("joint", "sequential")
+# `--sampling-backend`s that filter a min-p batch in sequence (sampler.py `_sample_from_probs`).
+SEQUENTIAL_MIN_P_BACKENDS = ("flashinfer", "intel_xpu")
+
+
+def filter_order(sampling_backend: str, needs_min_p: bool) -> FilterOrder:
+    """The order in which SGLang's `sampling_backend` applies top-k, top-p and min-p to a batch
+    (`needs_min_p`: SGLang's batch-wide `need_min_p_sampling`, any request with min_p > 0).
+
+    Source: sglang/srt/layers/sampler.py (0.5.23) `Sampler._sample_from_probs`.
+    """
+    if needs_min_p and sampling_backend in SEQUENTIAL_MIN_P_BACKENDS:
+        return "sequential"
+    return "joint"
 
 
 @dataclass(frozen=True)
@@ -38,6 +64,8 @@ class SamplingBatch:
         top_k: int [B]; 1 means greedy, -1 or any value >= V means the whole vocabulary.
         top_p: float [B] in (0, 1]; 1 disables nucleus filtering.
         min_p: float [B] in [0, 1] or None (no min-p filtering).
+        filter_order: how top-k, top-p and min-p combine (module docstring; `filter_order()`
+            gives the server's): "joint" or "sequential".
 
     Greedy (DESIGN.md section 1): `top_k == 1` or `temperature == 0`; SGLang itself stores greedy
     as temperature 1, top_k 1. All tensors live on one device; `apply_sampling` moves them to the
@@ -52,8 +80,14 @@ class SamplingBatch:
     top_k: torch.Tensor
     top_p: torch.Tensor
     min_p: torch.Tensor | None = None
+    filter_order: FilterOrder = "joint"
 
     def __post_init__(self) -> None:
+        if self.filter_order not in FILTER_ORDERS:
+            raise ValueError(
+                f"SamplingBatch.filter_order must be one of {FILTER_ORDERS}, "
+                f"got {self.filter_order!r}"
+            )
         fields = {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
         if self.min_p is not None:
             fields["min_p"] = self.min_p
@@ -138,6 +172,7 @@ class SamplingBatch:
             self.top_k.to(device),
             self.top_p.to(device),
             None if self.min_p is None else self.min_p.to(device),
+            self.filter_order,
         )
 
     def select(self, index: torch.Tensor) -> SamplingBatch:
@@ -149,6 +184,7 @@ class SamplingBatch:
             self.top_k[index],
             self.top_p[index],
             None if self.min_p is None else self.min_p[index],
+            self.filter_order,
         )
 
 
@@ -169,8 +205,8 @@ def apply_sampling(logits: torch.Tensor, sampling: SamplingBatch) -> torch.Tenso
     Raises:
         ValueError: if `logits` is not floating point with >= 2 dims or B disagrees.
 
-    Source: sglang/srt/layers/sampler.py (0.5.23) `Sampler.forward` standard path and
-    `top_k_top_p_min_p_sampling_from_probs_torch`; DESIGN.md section 1.
+    Source: sglang/srt/layers/sampler.py (0.5.23) `Sampler.forward` standard path,
+    `_sample_from_probs` and `top_k_top_p_min_p_sampling_from_probs_torch`; DESIGN.md section 1.
     """
     if not logits.dtype.is_floating_point or logits.dim() < 2:
         raise ValueError(
@@ -205,10 +241,11 @@ def apply_sampling(logits: torch.Tensor, sampling: SamplingBatch) -> torch.Tenso
         needs_filter |= min_p > 0
     needs_filter &= ~greedy
     filtered = needs_filter.nonzero().squeeze(1)
+    filter_rows = _FILTERS[sampling.filter_order]
     if filtered.numel() == probs.shape[0]:
-        probs = _filter_rows(probs, top_k, top_p, min_p)
+        probs = filter_rows(probs, top_k, top_p, min_p)
     elif filtered.numel() > 0:
-        probs[filtered] = _filter_rows(
+        probs[filtered] = filter_rows(
             probs[filtered],
             top_k[filtered],
             top_p[filtered],
@@ -368,3 +405,34 @@ def _mask_sorted(
         threshold = probs_sort[:, 0] * min_p
         probs_sort[probs_sort < threshold.view(-1, 1)] = 0.0
     return probs_sort / probs_sort.sum(dim=-1, keepdim=True), closed
+
+
+def _filter_rows_in_sequence(
+    probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor | None
+) -> torch.Tensor:
+    """The "sequential" order on probs [N, V]: top-k, renormalise; top-p on that, renormalise;
+    min-p on that, renormalise.
+
+    Top-p keeps the shortest sorted prefix whose mass reaches top_p (a rank is kept while the
+    mass before it is below top_p), as FlashInfer's `top_p_renorm_prob` keeps the tokens at or
+    above the threshold whose mass is top_p; min-p drops tokens below min_p times the largest.
+    Ties at a threshold (a measure-zero event for real logits) are not modelled.
+
+    Source: sglang/srt/layers/sampler.py (0.5.23) `_sample_from_probs`, the flashinfer branch
+    with `need_min_p_sampling`; FlashInfer `sampling.py` docstrings of the three functions.
+    """
+    values, index = probs.sort(dim=-1, descending=True)
+    ranks = torch.arange(values.shape[-1], device=values.device).view(1, -1)
+    values = torch.where(ranks < top_k.view(-1, 1), values, 0.0)
+    values = values / values.sum(dim=-1, keepdim=True)
+    before = torch.cumsum(values, dim=-1) - values
+    keep = (before < top_p.view(-1, 1)) | (top_p.view(-1, 1) >= 1.0)  # 1: the whole mass
+    values = torch.where(keep, values, 0.0)
+    values = values / values.sum(dim=-1, keepdim=True)
+    if min_p is not None:
+        values = torch.where(values >= values[:, :1] * min_p.view(-1, 1), values, 0.0)
+        values = values / values.sum(dim=-1, keepdim=True)
+    return torch.zeros_like(probs).scatter_(1, index, values)
+
+
+_FILTERS = {"joint": _filter_rows, "sequential": _filter_rows_in_sequence}

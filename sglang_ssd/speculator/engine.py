@@ -19,6 +19,7 @@ whose prefill is not done gets a point-mass backup draft.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections import Counter
@@ -44,6 +45,21 @@ logger = logging.getLogger(__name__)
 
 # Prefill tokens fed per chunk: a round waits for at most one chunk of someone's prefill.
 PREFILL_CHUNK_TOKENS = 256
+
+
+def request_seed(seed: int, rid: str) -> int:
+    """The draft RNG seed of request `rid` whose sampling seed is `seed`: the two mixed
+    (blake2b), in [0, 2^62).
+
+    SGLang gives the n copies of an `n > 1` request one `sampling_seed` and distinct rids, and
+    samples them independently (it uses the seed only under deterministic inference, which SSD
+    refuses: sglang/srt/sampling/sampling_batch_info.py, `sampling_seed`). Seeding the draft
+    with the seed alone would give the copies one draft stream: each copy's output still has
+    the target's law, but the set would not be independent. Mixed with the rid, the copies
+    draw independent drafts and a request's drafts stay reproducible from its seed.
+    """
+    digest = hashlib.blake2b(f"{int(seed)}:{rid}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 2
 
 
 @dataclass
@@ -150,7 +166,7 @@ class SpeculatorEngine:
             temperature=float(temperature),
             top_k=int(top_k),
             top_p=float(top_p),
-            generator=self._new_generator(seed),
+            generator=self._new_generator(None if seed is None else request_seed(seed, rid)),
             slots=empty_slots(self.model.kv_pool.device),
             first_round=first_round,
             features=TargetFeatures() if self.model.uses_features else None,

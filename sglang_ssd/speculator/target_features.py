@@ -44,13 +44,15 @@ class TargetFeatures:
 
     def at(self, start: int, n: int) -> tuple[torch.Tensor | None, torch.Tensor]:
         """(features [n, F] or None, known bool [n]) of positions start .. start + n − 1;
-        rows not buffered are zeros and not known."""
+        rows not buffered are zeros and not known. The features are on the buffer's device
+        (the speculator's: CUDA features stay on the GPU), `known` on the CPU."""
         pos = torch.arange(start, start + n)
         known = (pos >= self.start) & (pos < self.count)
         if self.buf is None or not bool(known.any()):
             return None, known
-        out = torch.zeros(n, self.buf.shape[1], dtype=self.buf.dtype)
-        out[known] = self.buf[pos[known] - self.start]
+        out = torch.zeros(n, self.buf.shape[1], dtype=self.buf.dtype, device=self.buf.device)
+        rows = (pos[known] - self.start).to(self.buf.device)
+        out[known.to(self.buf.device)] = self.buf[rows]
         return out, known
 
     def trim(self, below: int) -> None:

@@ -190,12 +190,16 @@ class SpeculatorClient:
 
     def prepare(self, reqs: Sequence[Any]) -> None:
         """Open requests entering prefill, so the speculator prefills their prompts while the
-        target does (their first sampled token then arrives as an outcome with k = 0)."""
+        target does (their first sampled token then arrives as an outcome with k = 0). A request
+        that ends at its prefill (`max_new_tokens` <= 1: the prefix copy SGLang prefills for
+        `n > 1` with `max_new_tokens` 0) is never opened: it has no round to draft."""
         with self._lock:
             if not self._usable():
                 return
             try:
                 for req in reqs:
+                    if _ends_at_prefill(req):
+                        continue
                     if req.rid not in self.opened:
                         prompt = list(req.origin_input_ids)
                         self.link.send(
@@ -541,6 +545,13 @@ def _feature_dtype(features: torch.Tensor | None) -> str:
     if name not in ("bfloat16", "float16", "float32"):
         raise ValueError(f"target features of dtype {name}: the link carries 16/32-bit floats")
     return name
+
+
+def _ends_at_prefill(req: Any) -> bool:
+    """Whether the request finishes with the token its prefill samples (`max_new_tokens` <= 1),
+    before any decode round."""
+    limit = req.sampling_params.max_new_tokens
+    return limit is not None and int(limit) <= 1
 
 
 def _sampling_spec(req: Any) -> SamplingSpec:

@@ -33,7 +33,7 @@ from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcac
 from sglang_ssd.config import SSDConfig, TargetCapacity
 from sglang_ssd.eagle3.config import head_feature_layers
 from sglang_ssd.placement import TargetGpus
-from sglang_ssd.saguaro import SamplingBatch
+from sglang_ssd.saguaro import SamplingBatch, filter_order
 from sglang_ssd.worker.draft_batch import DraftBatch
 from sglang_ssd.worker.feature_buffer import extend_features, verify_features
 from sglang_ssd.worker.metrics import RoundTimer, count_request_rounds
@@ -304,7 +304,8 @@ class SSDWorker(BaseSpecWorker):
         (`tp_sync.share_outcome`), so every rank commits the same tokens."""
 
         def verify() -> VerifiedBatch:
-            return verify_batch(logits, drafts, _sampling_of(batch), width, self.generator)
+            sampling = _sampling_of(batch, self.server_args.sampling_backend)
+            return verify_batch(logits, drafts, sampling, width, self.generator)
 
         if self.tp is None:
             return verify()
@@ -466,12 +467,15 @@ def _tokens_left(req: Any) -> int:
     return (1 << 30) if limit is None else int(limit) - len(req.output_ids)
 
 
-def _sampling_of(batch: ScheduleBatch) -> SamplingBatch:
-    """The target's p parameters of this batch, as SGLang's sampler applies them."""
+def _sampling_of(batch: ScheduleBatch, sampling_backend: str) -> SamplingBatch:
+    """The target's p parameters of this batch, as SGLang's sampler with `sampling_backend`
+    (`--sampling-backend`, resolved by SGLang) applies them: its filter order depends on the
+    backend and on whether any request of the batch needs min-p (`saguaro.filter_order`)."""
     info = batch.sampling_info
     return SamplingBatch(
         temperature=info.temperatures.reshape(-1).float().cpu(),
         top_k=info.top_ks.reshape(-1).cpu(),
         top_p=info.top_ps.reshape(-1).float().cpu(),
         min_p=info.min_ps.reshape(-1).float().cpu() if info.need_min_p_sampling else None,
+        filter_order=filter_order(sampling_backend, bool(info.need_min_p_sampling)),
     )

@@ -6,7 +6,7 @@ Covered: the speculator closing its socket and exiting, a speculator that stops 
 speculator restarting with another protocol version (refused and logged on both sides), the target
 vanishing mid-transfer (and, as a real process, dying), and messages that arrive after their
 request was closed (a stale Outcome, a Step naming a closed request). Each is handled and logged;
-neither side raises.
+neither side raises. Also which requests the client opens at prefill.
 """
 
 from __future__ import annotations
@@ -51,7 +51,9 @@ from sglang_ssd.worker.speculator_client import SpeculatorClient
 
 V = 128  # the tiny models' vocabulary
 TIMEOUT_S = 3.0  # --ssd-speculator-timeout (generous: the first rounds warm up)
-GREEDY = SimpleNamespace(temperature=0.0, top_k=1, top_p=1.0, sampling_seed=None)
+GREEDY = SimpleNamespace(
+    temperature=0.0, top_k=1, top_p=1.0, sampling_seed=None, max_new_tokens=None
+)
 
 
 @dataclass
@@ -276,6 +278,25 @@ def test_stale_outcome_and_closed_requests_are_logged_not_fatal(client, caplog) 
     stats = client.stats()
     assert stats["open_requests"] == 0 and stats["kv_slots_used"] == 0
     assert stats["cache_entries"] == 0
+
+
+def test_a_request_that_ends_at_prefill_is_never_opened(client: SpeculatorClient) -> None:
+    """SGLang prefills the shared prefix of an `n > 1` request as a copy with
+    `max_new_tokens` 0 (and a 1-token request ends at prefill too): nothing to draft, so the
+    speculator neither prefills nor pre-speculates it."""
+    limits = {"warmup": 0, "one": 1, "many": 8, "open-ended": None}
+    reqs = [
+        Req(
+            rid,
+            [40, 71, 72, 73],
+            sampling_params=SimpleNamespace(**{**vars(GREEDY), "max_new_tokens": n}),
+        )
+        for rid, n in limits.items()
+    ]
+    client.prepare(reqs)
+    assert set(client.opened) == {"many", "open-ended"}
+    assert set(client.last_seen) == {"many", "open-ended"}
+    wait_until(lambda: client.stats()["open_requests"] == 2)
 
 
 def test_configure_refuses_fanout_the_speculator_cannot_hold(client: SpeculatorClient) -> None:
