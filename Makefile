@@ -31,7 +31,9 @@ lint: install
 test-unit: install
 	$(VPY) -m pytest -m "not integration and not real" $(PYTEST_ARGS)
 
-# CI's suite: everything but the real-pair checks marked `real` (deselected, not skipped).
+# CI's suite: every test but the real-pair checks marked `real` (deselected, not skipped). One
+# process, tests in file order: several checks time the speculator against the target (accept
+# lengths, hit rates, stalls) and need the machine to themselves.
 test: lint models
 	$(VPY) -m pytest -m "not real" $(PYTEST_ARGS)
 

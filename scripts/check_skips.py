@@ -1,4 +1,4 @@
-"""Fail when a pytest run skipped anything: `python scripts/check_skips.py JUNIT_XML`.
+"""Fail when a pytest run skipped anything: `python scripts/check_skips.py JUNIT_XML [...]`.
 
 CI (`.ci/run`) runs `make test` with `--junitxml` and then this check, so that no test is
 silently skipped there: every skipped or xfailed test case in the JUnit XML is listed with its
@@ -37,10 +37,10 @@ def skipped_tests(junit_xml: str | Path) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python scripts/check_skips.py JUNIT_XML", file=sys.stderr)
+    if not argv:
+        print("usage: python scripts/check_skips.py JUNIT_XML [JUNIT_XML ...]", file=sys.stderr)
         return 2
-    found = skipped_tests(argv[0])
+    found = [line for path in argv for line in skipped_tests(path)]
     if found:
         print(f"check_skips: {len(found)} test(s) skipped; CI runs every test:", file=sys.stderr)
         for line in found:

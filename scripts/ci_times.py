@@ -1,6 +1,6 @@
-"""Where CI's time went: `python scripts/ci_times.py JUNIT_XML [--top N]`.
+"""Where CI's time went: `python scripts/ci_times.py JUNIT_XML [JUNIT_XML ...] [--top N]`.
 
-Reads the JUnit XML of a pytest run (`.ci/run` writes one) and prints
+Reads the JUnit XML files of pytest runs (`make test` writes one per phase) and prints
 - the `N` (default 10) slowest test modules with their seconds (setup, call and teardown of
   their test cases: pytest charges a module- or session-scoped fixture to the first test that
   uses it, and its teardown to the last);
@@ -8,7 +8,8 @@ Reads the JUnit XML of a pytest run (`.ci/run` writes one) and prints
   started it (the `server_start` properties that `tests/conftest.py` records for every
   `eval.servers.Server`), so a session-scoped server's start-up is visible on its own although
   JUnit charges it to whichever module used it first;
-- the run's total.
+- the runs' total wall time (each file's test suite time, summed; with pytest-xdist the module
+  seconds add up over workers that ran side by side, so their sum exceeds it).
 
 The numbers are a report, never a pass/fail: the budget is measured, not asserted.
 """
@@ -44,9 +45,10 @@ class Times:
     total_s: float
 
 
-def server_start_value(name: str, seconds: float, test: str) -> str:
-    """The `server_start` property's value for one start-up (what `read_times` reads back)."""
-    return json.dumps({"name": name, "seconds": round(seconds, 1), "test": test})
+def server_start_value(name: str, seconds: float, test: str, port: int | None) -> str:
+    """The `server_start` property's value for one start-up (what `read_times` reads back); the
+    port tells two start-ups apart (JUnit repeats a test's properties for each of its phases)."""
+    return json.dumps({"name": name, "seconds": round(seconds, 1), "test": test, "port": port})
 
 
 def module_of(classname: str) -> str:
@@ -58,28 +60,32 @@ def module_of(classname: str) -> str:
     return "/".join(parts) + ".py"
 
 
-def read_times(junit_xml: str | Path) -> Times:
-    """The durations in a pytest JUnit XML file.
+def read_times(*junit_xml: str | Path) -> Times:
+    """The durations in pytest JUnit XML files, together.
 
     Raises:
-        FileNotFoundError: if the file is missing.
-        xml.etree.ElementTree.ParseError: if it is not XML.
+        FileNotFoundError: if a file is missing.
+        xml.etree.ElementTree.ParseError: if one is not XML.
         ValueError: if a `server_start` property is not the JSON this report expects.
     """
-    root = ET.parse(junit_xml).getroot()
     per_module: dict[str, float] = defaultdict(float)
-    for case in root.iter("testcase"):
-        per_module[module_of(case.get("classname", "?"))] += float(case.get("time") or 0.0)
-    servers = []
-    for prop in root.iter("property"):
-        if prop.get("name") != SERVER_PROPERTY:
-            continue
-        record = json.loads(prop.get("value") or "{}")
-        servers.append(ServerStart(record["name"], float(record["seconds"]), record["test"]))
-    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
-    total = sum(float(s.get("time") or 0.0) for s in suites)
+    servers: dict[str, ServerStart] = {}  # by property value: JUnit repeats it per test phase
+    total = 0.0
+    for path in junit_xml:
+        root = ET.parse(path).getroot()
+        for case in root.iter("testcase"):
+            per_module[module_of(case.get("classname", "?"))] += float(case.get("time") or 0.0)
+        for prop in root.iter("property"):
+            value = prop.get("value") or "{}"
+            if prop.get("name") == SERVER_PROPERTY and value not in servers:
+                record = json.loads(value)
+                servers[value] = ServerStart(
+                    record["name"], float(record["seconds"]), record["test"]
+                )
+        suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+        total += sum(float(s.get("time") or 0.0) for s in suites)
     modules = sorted(per_module.items(), key=lambda item: -item[1])
-    return Times(modules, servers, total)
+    return Times(modules, list(servers.values()), total)
 
 
 def report(times: Times, top: int = 10) -> str:
@@ -95,10 +101,10 @@ def report(times: Times, top: int = 10) -> str:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("junit_xml", type=Path)
+    parser.add_argument("junit_xml", type=Path, nargs="+")
     parser.add_argument("--top", type=int, default=10, help="modules to list (default: 10)")
     args = parser.parse_args(argv)
-    print(report(read_times(args.junit_xml), args.top))
+    print(report(read_times(*args.junit_xml), args.top))
     return 0
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,29 +28,32 @@ from eval import servers as eval_servers
 from sglang_ssd.testing.pair_stats import PairStats, check_pair
 from sglang_ssd.testing.trained_pair import make_trained_pair
 
-_current_test = ["(collection)"]
+_running: list[pytest.Item] = []  # the test this process sets up, runs or tears down
 
 
-def pytest_runtest_logstart(nodeid: str, location: tuple) -> None:
-    _current_test[0] = nodeid
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    _running.append(item)
+    try:
+        return (yield)
+    finally:
+        _running.remove(item)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def server_start_times(
-    record_testsuite_property: Callable[[str, object], None],
-) -> Iterator[None]:
-    """Every `eval.servers.Server` this session starts, as a `server_start` property of the JUnit
-    XML (name, start-up seconds, the test whose setup started it): JUnit charges a shared
-    server to the first test that uses it, so `scripts/ci_times.py` lists each start-up on its
-    own line (`.ci/run` prints it)."""
+def _record_server_start(server: eval_servers.Server) -> None:
+    """Every `eval.servers.Server` the session starts becomes a `server_start` property of the
+    test whose setup started it (name, start-up seconds, that test, the port): JUnit charges a
+    shared server to the first test that uses it, so `scripts/ci_times.py` lists each start-up
+    on its own line (`.ci/run` prints it)."""
+    if _running:
+        item = _running[-1]
+        value = ci_times.server_start_value(
+            server.name, server.info["startup_s"], item.nodeid, server.port
+        )
+        item.user_properties.append((ci_times.SERVER_PROPERTY, value))
 
-    def record(server: eval_servers.Server) -> None:
-        value = ci_times.server_start_value(server.name, server.info["startup_s"], _current_test[0])
-        record_testsuite_property(ci_times.SERVER_PROPERTY, value)
 
-    eval_servers.START_LISTENERS.append(record)
-    yield
-    eval_servers.START_LISTENERS.remove(record)
+eval_servers.START_LISTENERS.append(_record_server_start)
 
 
 @pytest.fixture(scope="session")

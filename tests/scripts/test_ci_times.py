@@ -1,5 +1,6 @@
-"""`scripts/ci_times.py` on the JUnit XML a real pytest run writes: module totals (test classes
-folded into their module), the `server_start` properties, the total."""
+"""`scripts/ci_times.py` on the JUnit XML real pytest runs write (two, read together): module
+totals (test classes folded into their module), the `server_start` properties (once each,
+though JUnit repeats them per test phase), the total."""
 
 from __future__ import annotations
 
@@ -12,16 +13,17 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import ci_times  # noqa: E402
 
+# As tests/conftest.py records a start-up: a property of the test whose setup started it.
 MODULE = f"""
 import time
 import pytest
 
-@pytest.fixture(scope="session", autouse=True)
-def started(record_testsuite_property):
-    value = {ci_times.server_start_value("tiny-ssd", 12.46, "t/test_slow.py::test_a")!r}
-    record_testsuite_property({ci_times.SERVER_PROPERTY!r}, value)
+@pytest.fixture
+def started(request):
+    value = {ci_times.server_start_value("tiny-ssd", 12.46, "t/test_slow.py::test_a", 80)!r}
+    request.node.user_properties.append(({ci_times.SERVER_PROPERTY!r}, value))
 
-def test_a():
+def test_a(started):
     time.sleep(0.3)
 
 class TestGroup:
@@ -30,22 +32,33 @@ class TestGroup:
 """
 
 
-def test_report_of_a_real_junit_file(tmp_path: Path) -> None:
+def test_report_of_real_junit_files(tmp_path: Path) -> None:
     (tmp_path / "test_slow.py").write_text(MODULE)
     (tmp_path / "test_fast.py").write_text("def test_c():\n    pass\n")
-    junit = tmp_path / "junit.xml"
-    subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}"],
-        cwd=tmp_path,
-        check=True,
-        capture_output=True,
-    )
-    times = ci_times.read_times(junit)
+    junit = [tmp_path / "slow.xml", tmp_path / "fast.xml"]
+    runs = [["test_slow.py"], ["test_fast.py"]]
+    for path, args in zip(junit, runs, strict=True):
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                *args,
+                f"--junitxml={path}",
+            ],
+            cwd=tmp_path,
+            check=True,
+            capture_output=True,
+        )
+    times = ci_times.read_times(*junit)
     names = [module for module, _ in times.modules]
     assert names == ["test_slow.py", "test_fast.py"]
     assert dict(times.modules)["test_slow.py"] >= 0.5
     assert times.servers == [ci_times.ServerStart("tiny-ssd", 12.5, "t/test_slow.py::test_a")]
-    assert times.total_s >= 0.5
+    assert times.total_s > 0
     text = ci_times.report(times, top=1)
     assert "slowest 1 test modules" in text and "test_fast.py" not in text
     assert "12.5  server tiny-ssd (started for t/test_slow.py::test_a)" in text
