@@ -57,6 +57,17 @@ eval_servers.START_LISTENERS.append(_record_server_start)
 
 
 @pytest.fixture(scope="session")
+def sglang_world() -> Iterator[None]:
+    """SGLang's single-rank CPU world (`sglang_cpu.sglang_world`: gloo, its model-parallel
+    groups and runtime context), once per session: SGLang's own Python run in the test process
+    needs it."""
+    from sglang_cpu import sglang_world as world
+
+    with world():
+        yield
+
+
+@pytest.fixture(scope="session")
 def tiny_pair_stats(tmp_path_factory: pytest.TempPathFactory) -> PairStats:
     """The tiny pair, trained on the fly (seconds), and what a greedy SSD run on it exercised.
 

@@ -105,11 +105,13 @@ def disable_verify_cuda_graphs(server_args: ServerArgs) -> None:
     """Turn off SGLang's decode-phase CUDA graphs for SSD on a GPU (logged).
 
     SSD presents itself like NGRAM, so SGLang's `DecodeCudaGraphRunner` would capture
-    TARGET_VERIFY graphs with a custom-mask buffer, while SSD's verify input
-    (`SSDVerifyInput`) carries `custom_mask=None`: FlashInfer raises at replay and Triton
-    reads a mask nobody filled (wrong attention, a lossy verify). The simplest correct choice:
-    SSD's verify forwards run eagerly. Passing the chain mask instead would keep the graphs,
-    at the cost of filling the mask buffer the runner captured against every round (issue 14).
+    TARGET_VERIFY graphs at the static width `speculative_num_draft_tokens` (γ + 1) with a
+    custom-mask buffer sized for it. SSD's rounds verify another width each round (D + 1 for a
+    self-tuned tree depth D <= γ, 1 in a plain round), and its verify input builds the chain mask
+    at that round's exact size (`worker.verify_input`): a replay would attend over rows and mask
+    cells the round never filled. Capturing one graph per width would multiply the runner's
+    graph and mask-buffer memory by γ + 1 (a FULL-layout mask buffer alone is W × (context + W)
+    cells per request). So SSD's verify forwards run eagerly (issue 31, item 1).
 
     This runs in `handle_speculative_decoding`, after SGLang parsed `cuda_graph_config`, so
     it rewrites that resolved config's decode phase (writes through SGLang's plugin recorder
@@ -136,6 +138,24 @@ def disable_verify_cuda_graphs(server_args: ServerArgs) -> None:
         "mask for a captured graph to replay with, so they run eagerly",
         current.decode.backend,
     )
+
+
+def refuse_plain_rounds_off_cpu(server_args: ServerArgs) -> None:
+    """Refuse at startup `--ssd-plain-rounds` other than never on a non-CPU target
+    (`worker.round_mode.plain_rounds_refusal` says why).
+
+    Raises:
+        ValueError: naming the flag, the device and the reason.
+    """
+    from sglang_ssd.config import SSDConfig
+    from sglang_ssd.integration.server_flags import on_cpu
+    from sglang_ssd.worker.round_mode import plain_rounds_refusal
+
+    config = SSDConfig.from_env() or SSDConfig()
+    device = "cpu" if on_cpu(server_args) else str(server_args.device or "cuda")
+    refusal = plain_rounds_refusal(config.plain_rounds, device)
+    if refusal is not None:
+        raise ValueError(refusal)
 
 
 def check_gpu_placement(server_args: ServerArgs, device_count: int | None = None) -> None:
@@ -216,6 +236,7 @@ def validate_ssd_server_args(server_args: ServerArgs) -> None:
     from sglang_ssd.integration.server_flags import refuse_unsupported_flags
 
     refuse_unsupported_flags(cfg)
+    refuse_plain_rounds_off_cpu(cfg)
     check_gpu_placement(cfg)
     check_cpu_placement(cfg)
     preferred = getattr(cfg, "preferred_sampling_params", None)

@@ -29,6 +29,25 @@ from dataclasses import dataclass, field
 from sglang_ssd.config import PLAIN_ROUNDS
 
 
+def plain_rounds_refusal(setting: str, target_device: str) -> str | None:
+    """Why `--ssd-plain-rounds setting` cannot serve a target on `target_device`, or None.
+
+    Off the CPU a plain round's TARGET_VERIFY forward has one query row per request, while
+    SGLang's CUDA attention backends build verify metadata for the static width
+    `speculative_num_draft_tokens` (γ + 1): FA3, the default on Hopper, sets `cu_seqlens_q` in
+    steps of it (sglang/srt/layers/attention/flashattention_backend.py,
+    `init_forward_metadata`, target verify with topk <= 1), so rows would be read out of bounds
+    or attend to another request's KV. Only "never" is served there.
+    """
+    if setting == "never" or str(target_device).startswith("cpu"):
+        return None
+    return (
+        f"--ssd-plain-rounds {setting} is not supported on {target_device}: a plain round "
+        "verifies one position per request, and SGLang's CUDA attention backends (FA3) build "
+        "the verify metadata for γ + 1 positions; use never"
+    )
+
+
 class RoundMode(str, enum.Enum):
     """What a decode round does."""
 

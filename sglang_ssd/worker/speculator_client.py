@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from sglang_ssd.config import SSDConfig, TargetCapacity
+from sglang_ssd.config import SSDConfig, SSDConfigError, TargetCapacity
 from sglang_ssd.phases import PhaseTimer
 from sglang_ssd.placement import TargetGpus, place
 from sglang_ssd.saguaro import Backup, BackupStats, FallbackPolicy
@@ -45,7 +45,7 @@ from sglang_ssd.worker.core_lending import CoreLending
 from sglang_ssd.worker.draft_batch import DraftBatch, dense_q
 from sglang_ssd.worker.draft_provider import DraftSupplier, LocalNgramProvider, request_tokens
 from sglang_ssd.worker.feature_buffer import FeatureBuffer
-from sglang_ssd.worker.round_mode import RoundModePolicy
+from sglang_ssd.worker.round_mode import RoundModePolicy, plain_rounds_refusal
 from sglang_ssd.worker.supervisor import SpeculatorProcess, Supervisor
 
 logger = logging.getLogger(__name__)
@@ -439,6 +439,9 @@ class SpeculatorClient:
                 speculator's KV pool and one round's outcomes can hold (then nothing changes).
         """
         changes = request.changes.given()
+        refusal = plain_rounds_refusal(changes.get("plain_rounds", "never"), self.target_device)
+        if refusal is not None:
+            raise SSDConfigError(refusal)
         with self._lock:
             if "fanout_budget" in changes:
                 longest = self.capacity.longest_request if self.capacity is not None else 0

@@ -27,7 +27,6 @@ from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, Forw
 from sglang.srt.runtime_context import get_device, get_parallel, get_spec
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
-from sglang.srt.speculative.ngram_info import NgramVerifyInput
 from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcache
 
 from sglang_ssd.config import SSDConfig, TargetCapacity
@@ -41,25 +40,10 @@ from sglang_ssd.worker.request_options import shape_verify_logits
 from sglang_ssd.worker.round_mode import RoundMode, record_request_tokens, request_accept_length
 from sglang_ssd.worker.speculator_client import SpeculatorClient
 from sglang_ssd.worker.tp_sync import RoundPlan, TpGroup, share_outcome, share_plan
+from sglang_ssd.worker.verify_input import SSDVerifyInput, build_verify_input
 from sglang_ssd.worker.verify_step import VerifiedBatch, verify_batch, verify_tokens
 
 logger = logging.getLogger(__name__)
-
-
-class SSDVerifyInput(NgramVerifyInput):
-    """SGLang's NGRAM verify input with a chain topology: [root, d_1 .. d_γ] per request.
-
-    `tree_topk == 1` tells attention backends the draft tokens form a chain, so plain causal
-    masking within the verify window is exact (no custom mask needed).
-    """
-
-    @property
-    def tree_topk(self) -> int:
-        return 1
-
-    @property
-    def max_tree_depth(self) -> int:
-        return self.draft_token_num
 
 
 class SSDWorker(BaseSpecWorker):
@@ -363,12 +347,8 @@ class SSDWorker(BaseSpecWorker):
             draft_token_num=width,
             device=self.device,
         )
-        batch.spec_info = SSDVerifyInput(
-            draft_token=input_ids,
-            custom_mask=None,
-            positions=positions,
-            draft_token_num=width,
-            new_seq_lens=seq_lens,
+        batch.spec_info = build_verify_input(
+            input_ids, positions, seq_lens, batch.seq_lens_cpu, width
         )
         return seq_lens, verify_ids
 

@@ -1,8 +1,8 @@
-"""Fixtures of the EAGLE-3 tests: SGLang's CPU world, tiny targets and heads built on the fly."""
+"""Fixtures of the EAGLE-3 tests: tiny targets built on the fly (SGLang's CPU world is the
+session's `sglang_world`, tests/conftest.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -10,15 +10,6 @@ import pytest
 from sglang_ssd.testing.tiny_models import TinySpec, make_tiny_model
 
 FEATURE_LAYERS = 8  # deep enough for SGLang's default capture [2, L//2, L-3] = [2, 4, 5]
-
-
-@pytest.fixture(scope="session")
-def sglang_world() -> Iterator[None]:
-    """SGLang's single-rank CPU world (see `sglang_cpu.sglang_world`), once per session."""
-    from sglang_cpu import sglang_world as world
-
-    with world():
-        yield
 
 
 @pytest.fixture(scope="session")

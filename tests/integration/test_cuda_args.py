@@ -1,6 +1,7 @@
-"""SSD's server-argument handling on a GPU, checked on the CPU (issue 14, item 1): decode CUDA
-graphs are turned off (SSD's TARGET_VERIFY carries no custom mask a captured graph could
-replay), and a speculator GPU that collides with the target's is refused at startup."""
+"""SSD's server-argument handling on a GPU, checked on the CPU (issue 14, item 1; issue 31,
+item 2): decode CUDA graphs are turned off (a captured TARGET_VERIFY has SSD's width and mask
+fixed at capture), a speculator GPU that collides with the target's is refused at startup, and
+so are plain rounds (a width-1 verify under metadata for γ + 1 positions), at startup and live."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from sglang_ssd.integration.registration import (
     check_gpu_placement,
     disable_verify_cuda_graphs,
     handle_ssd_server_args,
+    refuse_plain_rounds_off_cpu,
 )
+from sglang_ssd.worker.round_mode import plain_rounds_refusal
 
 
 def _args(device: str, **extra) -> SimpleNamespace:
@@ -61,3 +64,16 @@ def test_gpu_collisions_are_refused_at_startup(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv(ENV_VAR, SSDConfig(draft_device="cpu").to_json())
     check_gpu_placement(_args("cuda", **tp2), device_count=2)  # on CPU cores: nothing to check
     check_gpu_placement(_args("cpu", **tp2), device_count=0)
+
+
+def test_plain_rounds_are_refused_off_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    refuse_plain_rounds_off_cpu(_args("cuda"))  # the default, never: served
+    for setting in ("auto", "always"):
+        monkeypatch.setenv(ENV_VAR, SSDConfig(plain_rounds=setting).to_json())
+        refuse_plain_rounds_off_cpu(_args("cpu"))
+        with pytest.raises(ValueError, match=f"--ssd-plain-rounds {setting} is not supported"):
+            refuse_plain_rounds_off_cpu(_args("cuda"))
+    assert plain_rounds_refusal("never", "cuda:1") is None
+    assert plain_rounds_refusal("auto", "cpu") is None
+    assert "γ + 1 positions" in (plain_rounds_refusal("always", "cuda:1") or "")

@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 
 import psutil
 import pytest
+import torch
 
 import sglang_ssd.placement as placement_module
 import sglang_ssd.worker.supervisor as supervisor_module
@@ -309,6 +310,18 @@ def test_configure_refuses_fanout_the_speculator_cannot_hold(client: SpeculatorC
     ack = client.configure(Configure(changes=LiveSettings(fanout_budget=16)))
     assert ack is not None and ack.applied.fanout_budget == 16
     assert client.stats()["draft_kv_tokens"] == DEFAULT_DRAFT_KV_TOKENS
+
+
+def test_plain_rounds_are_refused_live_off_the_cpu(client: SpeculatorClient) -> None:
+    """`POST /ssd/config {"plain_rounds": ...}` on a CUDA target: refused (400 through the admin
+    bridge), nothing changed (`round_mode.plain_rounds_refusal` says why)."""
+    client.target_device = torch.device("cuda", 0)  # no GPU needed: refused before any use
+    before = client.config
+    with pytest.raises(SSDConfigError, match="--ssd-plain-rounds auto is not supported"):
+        client.configure(Configure(changes=LiveSettings(plain_rounds="auto")))
+    assert client.config == before and client.round_mode.setting == "never"
+    ack = client.configure(Configure(changes=LiveSettings(plain_rounds="never", beta=0.5)))
+    assert ack is not None and client.config.beta == 0.5
 
 
 def test_target_vanishing_mid_transfer_ends_the_speculator_cleanly(
