@@ -17,8 +17,12 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from sglang_ssd.config import SSDConfig, SSDConfigError, add_ssd_args
+
+if TYPE_CHECKING:
+    from sglang.srt.server_args import ServerArgs
 
 DEFAULT_ALGORITHM = "SSD"
 DEFAULT_LOOKAHEAD = 4
@@ -164,12 +168,16 @@ def _print_help() -> None:
     sglang_parser.print_help()
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """Parse, apply defaults, export `SSDConfig`, then run SGLang's server in this process."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if "-h" in argv or "--help" in argv:
-        _print_help()
-        return
+def server_args_of(argv: Sequence[str]) -> ServerArgs:
+    """What `main` serves for `argv`: parse, apply defaults, export `SSDConfig` (to this
+    process's environment, for SGLang's subprocesses), load SGLang's plugins, then SGLang's own
+    `prepare_server_args`. The result is raw, as SGLang returns it: `run_server` resolves it
+    first (`ServerArgs.resolve_once`), which runs SSD's `validate_ssd_server_args` through the
+    speculative registry and raises ValueError naming a flag SSD refuses.
+
+    Raises:
+        SystemExit: on a malformed `--ssd-*` flag or an invalid SSD configuration.
+    """
     ssd_ns, sglang_argv = split_args(argv)
     try:
         sglang_argv = apply_defaults(sglang_argv, cuda=_has_cuda(), environ=os.environ)
@@ -179,13 +187,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     config.to_env()
     _prepare_draft_vocab(config, sglang_argv)
 
-    from sglang.launch_server import run_server
     from sglang.srt.plugins import load_plugins
     from sglang.srt.server_args import prepare_server_args
-    from sglang.srt.utils import kill_process_tree
 
     load_plugins()
-    server_args = prepare_server_args(sglang_argv)
+    return prepare_server_args(sglang_argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """`server_args_of(argv)`, then run SGLang's server in this process."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in argv or "--help" in argv:
+        _print_help()
+        return
+    server_args = server_args_of(argv)
+
+    from sglang.launch_server import run_server
+    from sglang.srt.utils import kill_process_tree
+
     try:
         run_server(server_args)
     finally:

@@ -220,11 +220,15 @@ def check_cpu_placement(server_args: ServerArgs, environ: dict[str, str] | None 
 
 
 def validate_ssd_server_args(server_args: ServerArgs) -> None:
-    """Refuse what SSD cannot serve, with a clear message (server flags: `server_flags.FLAGS`).
+    """Refuse what SSD cannot serve, with a clear message (server flags: `server_flags.FLAGS`;
+    an SGLang release other than the supported one: `sglang_version`).
 
     Raises:
-        ValueError: naming the flag and why.
+        ValueError: naming the flag and why (or both SGLang versions).
     """
+    from sglang_ssd.integration.sglang_version import check_sglang_version
+
+    check_sglang_version()
     cfg = server_args  # SGLang passes a recorder that reads through the resolving view
     if cfg.speculative_draft_model_path is None:
         raise ValueError("--speculative-algorithm SSD needs --speculative-draft-model-path")

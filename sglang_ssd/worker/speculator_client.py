@@ -142,6 +142,7 @@ class SpeculatorClient:
             self._forget,
             target_vocab_size=vocab_size,
             target_model_path=target_model_path,
+            target_device=self.target_device,
         )
         self.supervisor.start()
 

@@ -22,6 +22,7 @@ import torch
 from sglang_ssd.config import SSDConfig
 from sglang_ssd.placement import Placement
 from sglang_ssd.transport import LinkAddress, TargetLink, TransportError, TransportTimeout
+from sglang_ssd.transport.tensor_link import Backend
 
 logger = logging.getLogger(__name__)
 
@@ -110,6 +111,22 @@ class SpeculatorProcess:
             )
 
 
+def link_backend(
+    placement: Placement, target_device: torch.device, cuda_available: bool
+) -> tuple[Backend, torch.device | None]:
+    """(tensor backend, the target's device for it) of a link to a speculator at `placement`.
+
+    NCCL when both sides are on CUDA devices (and CUDA works here), with the target's own
+    device, named: torch's NCCL group otherwise takes the calling thread's current device,
+    which on the restart thread is cuda:0, another replica's GPU when this target is not on it
+    (`tensor_link._make_group` sets the device it is given). Gloo (device None) otherwise.
+    """
+    nccl = placement.device.startswith("cuda") and target_device.type == "cuda"
+    if nccl and cuda_available:
+        return "nccl", target_device
+    return "gloo", None
+
+
 class Supervisor:
     """Keeps one speculator process linked to the target.
 
@@ -127,6 +144,8 @@ class Supervisor:
         forget: drops the client's per-request state.
         target_vocab_size: the target's logit width, passed to every speculator started.
         target_model_path: the target's folder, passed likewise (an EAGLE-3 head reads it).
+        target_device: the target's device ("cuda:N" on GPU): every link, first or
+            restarted, is made on it (`link_backend`).
     """
 
     def __init__(
@@ -138,8 +157,10 @@ class Supervisor:
         forget: Callable[[], None],
         target_vocab_size: int | None = None,
         target_model_path: str | None = None,
+        target_device: torch.device | str = "cpu",
     ) -> None:
         self.config = config
+        self.target_device = torch.device(target_device)
         self.target_vocab_size = target_vocab_size
         self.target_model_path = target_model_path
         self.model_path = model_path
@@ -163,9 +184,11 @@ class Supervisor:
 
     def _launch(self) -> tuple[TargetLink, SpeculatorProcess]:
         config = self.config()
-        nccl = self.placement.device.startswith("cuda") and torch.cuda.is_available()
+        backend, device = link_backend(
+            self.placement, self.target_device, torch.cuda.is_available()
+        )
         link = TargetLink(
-            backend="nccl" if nccl else "gloo", tensor_timeout_s=config.speculator_timeout
+            backend=backend, device=device, tensor_timeout_s=config.speculator_timeout
         )
         address = link.start()
         process = SpeculatorProcess(

@@ -145,34 +145,59 @@ def test_validate_ssd_server_args_applies_the_flag_rules(tiny_target: Path) -> N
         validate_ssd_server_args(_args(**args, enable_hierarchical_cache=True))
 
 
-def _launch(target: Path, draft: Path, flags: list[str]) -> tuple[int, str]:
-    argv = [
-        sys.executable,
-        "-m",
-        "sglang_ssd.launch_server",
-        "--model-path",
-        str(target),
-        "--speculative-draft-model-path",
-        str(draft),
-        "--port",
-        "39999",
-        *flags,
+def _argv(target: Path, draft: Path, flags: list[str]) -> list[str]:
+    return [
+        *("--model-path", str(target), "--speculative-draft-model-path", str(draft)),
+        *("--port", "39999", *flags),
     ]
+
+
+def _run(args: list[str]) -> tuple[int, str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=240, env=env)
+    proc = subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, timeout=240, env=env
+    )
     return proc.returncode, proc.stdout + proc.stderr
 
 
+# Each case through the launcher's own path up to serving (`launch_server.server_args_of`:
+# SSD's flags, the launcher's defaults, SGLang's plugins and `prepare_server_args`; then the
+# `resolve_once` that SGLang's `run_server` begins with, which runs SSD's validation), in one
+# process: a start per flag would import SGLang once per flag (~20 s each on CI's machines).
+_EACH_CASE = """
+import json, sys
+from sglang_ssd.launch_server import server_args_of
+out = {}
+for name, argv in json.loads(sys.argv[1]).items():
+    try:
+        server_args_of(argv).resolve_once()
+        out[name] = "served"
+    except BaseException as exc:  # what a real start would die of
+        out[name] = f"{type(exc).__name__}: {exc}"
+print("RESULTS " + json.dumps(out))
+"""
+
+
+def _expected(name: str) -> str:
+    return f"{name.replace('`', '')}: not supported with --speculative-algorithm SSD"
+
+
 def test_launcher_refuses_each_refused_flag(tiny_target: Path, tiny_draft: Path) -> None:
-    """A real start per refused flag (two at a time): it exits non-zero before serving, and
-    its output names the flag with SSD's reason."""
-    cases = {name: flags for name, (_, flags) in REFUSED.items() if flags}
+    """Every refused flag, through the launcher's path up to serving, raises SSD's reason
+    naming the flag; one real `python -m sglang_ssd.launch_server` start (beside it) exits
+    non-zero before serving, with that message in its output."""
+    cases = {
+        name: _argv(tiny_target, tiny_draft, flags) for name, (_, flags) in REFUSED.items() if flags
+    }
+    real_name, real_argv = next(iter(cases.items()))
     with cf.ThreadPoolExecutor(2) as pool:
-        runs = {
-            name: pool.submit(_launch, tiny_target, tiny_draft, flags)
-            for name, flags in cases.items()
-        }
-        for name, future in runs.items():
-            code, output = future.result()
-            expected = f"{name.replace('`', '')}: not supported with --speculative-algorithm SSD"
-            assert code != 0 and expected in output, (name, code, output[-3000:])
+        real = pool.submit(_run, ["-m", "sglang_ssd.launch_server", *real_argv])
+        code, output = _run(["-c", _EACH_CASE, json.dumps(cases)])
+        real_code, real_output = real.result()
+    assert code == 0 and "RESULTS " in output, output[-3000:]
+    results = json.loads(output.split("RESULTS ", 1)[1].splitlines()[0])
+    assert set(results) == set(cases)
+    for name, got in results.items():
+        assert got.startswith("ValueError: ") and _expected(name) in got, (name, got)
+    assert real_code != 0 and _expected(real_name) in real_output, real_output[-3000:]
+    assert "Uvicorn running" not in real_output
