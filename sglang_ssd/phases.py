@@ -6,15 +6,22 @@ batch, the verify forward, `saguaro.verify`, KV moves and logprobs, scheduler ti
 rounds) accumulate wall-clock seconds per phase in a `PhaseTimer`; `/ssd/stats` shows them as
 per-round means and the decode log line names the largest ones.
 
-Times are `time.perf_counter` seconds on the host. On a GPU they are launch times unless the
-phase ends in a synchronising call (a `.tolist()`, a transfer), so read GPU phases with care.
+Times are `time.perf_counter` seconds on the host. On a GPU a host clock alone reads launch
+times, so a timer made for a CUDA device (`PhaseTimer.for_device`) synchronises the device at
+every phase boundary: each phase then holds the GPU work it launched, and the verify time, the
+speculator's round (T_p), the depth tuner and the fallback policy, which read these phases, see
+GPU time (issue 31, item 9). The cost is one `torch.cuda.synchronize` per boundary, a few per
+round.
 """
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+
+import torch
 
 
 class PhaseTimer:
@@ -24,12 +31,20 @@ class PhaseTimer:
     Attributes:
         seconds: phase name -> total seconds.
         calls: phase name -> times the phase was entered.
+        sync: called at each phase's start and end, before the clock is read (None: the host
+            clock alone; `for_device` gives a CUDA device's synchronise).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, sync: Callable[[], None] | None = None) -> None:
         self.seconds: dict[str, float] = {}
         self.calls: dict[str, int] = {}
         self.active: str | None = None
+        self.sync = sync
+
+    @classmethod
+    def for_device(cls, device: torch.device | str) -> PhaseTimer:
+        """A timer for work on `device`: synchronising at phase boundaries on CUDA."""
+        return cls(device_sync(device))
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -41,11 +56,15 @@ class PhaseTimer:
         if self.active is not None:
             raise RuntimeError(f"phase {name!r} entered inside phase {self.active!r}")
         self.active = name
+        if self.sync is not None:
+            self.sync()
         start = time.perf_counter()
         try:
             yield
         finally:
             self.active = None
+            if self.sync is not None:
+                self.sync()
             self.add(name, time.perf_counter() - start)
 
     def add(self, name: str, seconds: float) -> None:
@@ -70,6 +89,15 @@ class PhaseTimer:
         call from another thread while phases are added (`dict()` copies under the GIL)."""
         snapshot = dict(self.seconds)
         return {name: value / max(rounds, 1) for name, value in sorted(snapshot.items())}
+
+
+def device_sync(device: torch.device | str) -> Callable[[], None] | None:
+    """`torch.cuda.synchronize` bound to `device` when it is a CUDA device, else None (CPU work
+    is done when the call returns)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    return functools.partial(torch.cuda.synchronize, device)
 
 
 def largest(means: Mapping[str, float], n: int = 3) -> str:

@@ -145,7 +145,7 @@ class DraftModel:
         self.device = next(hf_model.parameters()).device
         self.dtype = next(hf_model.parameters()).dtype
         self.forward_count = 0
-        self.phases = PhaseTimer()
+        self.phases = PhaseTimer.for_device(self.device)
         self.vocab: DraftVocab | None = None
         self._head_weight: torch.Tensor | None = None  # lm_head rows of `vocab.ids`
         self._head_ids: torch.Tensor | None = None  # `vocab.ids` on the model's device

@@ -99,7 +99,7 @@ class HeadDraftModel:
         )
         self._ids = self.vocab.ids.to(self.device)
         self.forward_count = 0
-        self.phases = PhaseTimer()
+        self.phases = PhaseTimer.for_device(self.device)
 
     @classmethod
     def load(

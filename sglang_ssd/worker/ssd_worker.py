@@ -31,6 +31,7 @@ from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcac
 
 from sglang_ssd.config import SSDConfig, TargetCapacity
 from sglang_ssd.eagle3.config import head_feature_layers
+from sglang_ssd.phases import PhaseTimer
 from sglang_ssd.placement import TargetGpus
 from sglang_ssd.saguaro import SamplingBatch, filter_order
 from sglang_ssd.worker.draft_batch import DraftBatch
@@ -84,8 +85,10 @@ class SSDWorker(BaseSpecWorker):
         # Started by `alloc_memory_pool`, once the target's capacity (which sizes the
         # speculator's KV pool) is known; None on TP ranks other than 0 (they follow rank 0).
         self.provider: SpeculatorClient | None = None
-        self.timer = RoundTimer()  # speculative rounds
-        self.plain_timer = RoundTimer()  # plain rounds (no draft, cores lent)
+        # Phases synchronise the target's device at their boundaries on CUDA (GPU time).
+        self.timer = RoundTimer(phases=PhaseTimer.for_device(self.device))  # speculative rounds
+        # Plain rounds (no draft, cores lent).
+        self.plain_timer = RoundTimer(phases=PhaseTimer.for_device(self.device))
         self._last_decode_end: float | None = None
         self._gap_s = 0.0  # the latest scheduler time between two decode rounds
         self._last_mode: RoundMode | None = None

@@ -212,3 +212,21 @@ def _near_tie(
     cdf = weights.cumsum(0) / weights.sum()
     gap = float((cdf - float(uniforms.bonus[row])).abs().min())
     return f"bonus at k={k} |u-cdf|={gap:.1e}" if gap < TIE_EPS else None
+
+
+def test_speculator_phases_hold_gpu_time(cuda: torch.device, pair: tuple[Path, Path]) -> None:
+    """The engine's phases synchronise the device at their boundaries (issue 31, item 9): a
+    phase that launches a long kernel holds its GPU time, not the microseconds of its launch."""
+    draft_path, _ = pair
+    engine = engine_on(draft_path, cuda)
+    assert engine.phases.sync is not None
+    a = torch.randn(4096, 4096, device=cuda)
+    torch.cuda.synchronize(cuda)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with engine.phases.phase("forward"):
+        start.record()
+        for _ in range(20):
+            a = a @ a / 64.0
+        end.record()
+    gpu_s = start.elapsed_time(end) / 1e3
+    assert engine.phases.seconds["forward"] >= 0.9 * gpu_s, (engine.phases.seconds, gpu_s)

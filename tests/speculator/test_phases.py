@@ -4,11 +4,13 @@ time (none counted twice: phases cannot nest; none missing: what no phase claims
 
 from __future__ import annotations
 
+import functools
 import os
 
 import pytest
+import torch
 
-from sglang_ssd.phases import PhaseTimer, largest
+from sglang_ssd.phases import PhaseTimer, device_sync, largest
 from sglang_ssd.speculator.server import SpeculatorServer
 from sglang_ssd.transport import Open, Outcome, SamplingSpec, Step
 from tests.speculator.queued_link import QueuedLink
@@ -84,3 +86,22 @@ def test_phase_timer_totals_means_and_the_log_summary() -> None:
         pass
     taken = timer.take()
     assert taken["tree_1"] == pytest.approx(0.75) and timer.seconds == {} and timer.calls == {}
+
+
+def test_a_device_timer_synchronises_at_every_phase_boundary() -> None:
+    """On CUDA a phase must hold the GPU work it launched (issue 31, item 9): the timer calls
+    its sync before each clock read, at entry and at exit, and a CPU timer has none."""
+    events: list[str] = []
+    timer = PhaseTimer(sync=lambda: events.append("sync"))
+    with timer.phase("forward"):
+        events.append("work")
+    with pytest.raises(ValueError), timer.phase("verify"):
+        raise ValueError
+    assert events == ["sync", "work", "sync", "sync", "sync"]
+    assert set(timer.calls) == {"forward", "verify"}
+    assert PhaseTimer.for_device("cpu").sync is None
+    assert device_sync(torch.device("cpu")) is None
+    sync = device_sync("cuda:1")
+    assert isinstance(sync, functools.partial) and sync.func is torch.cuda.synchronize
+    assert sync.args == (torch.device("cuda", 1),)
+    assert PhaseTimer.for_device("cuda:1").sync.args == sync.args
