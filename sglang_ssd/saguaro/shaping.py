@@ -115,35 +115,47 @@ def shape_logits(
 
 
 def prefix_counts(
-    output_ids: Sequence[Sequence[int]], draft_tokens: torch.Tensor, width: int, vocab: int
-) -> torch.Tensor:
-    """Token counts of output + d_1 .. d_j at each verify position j.
+    output_ids: Sequence[Sequence[int]], draft_tokens: torch.Tensor, width: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token counts of output + d_1 .. d_j at each verify position j, over the tokens that occur.
+
+    Only tokens of a row's output or draft can have a non-zero count, so the counts cover those
+    columns alone (K per row, K <= len(output) + D), not the vocabulary: no [R, W, V] tensor.
 
     Args:
         output_ids: R output-id lists.
         draft_tokens: int64 [R, D], -1 padded, D <= width - 1.
         width: W, verify positions per row.
-        vocab: V.
 
     Returns:
-        float32 [R, W, V] on `draft_tokens`' device; row j counts the output and d_1 .. d_j.
+        (columns, counts): int64 [R, K], each row's token ids (sorted; a row with fewer than K
+        repeats its first id, or holds 0 when it has none: repeated columns get equal counts),
+        and float32 [R, W, K], row j counting the output and d_1 .. d_j (positions past D count
+        the whole draft); both on `draft_tokens`' device.
     """
-    rows = len(output_ids)
+    rows, depth = len(output_ids), draft_tokens.shape[1]
     device = draft_tokens.device
-    counts = torch.zeros(rows, width, vocab, dtype=torch.float32, device=device)
-    for r, ids in enumerate(output_ids):
-        if len(ids):
-            seen = torch.as_tensor(list(ids), dtype=torch.int64, device=device)
-            counts[r, 0].index_add_(0, seen, torch.ones(len(seen), device=device))
-    depth = draft_tokens.shape[1]
+    drafts = draft_tokens.tolist()  # [R, D] ids: one small copy to the host
+    columns = [
+        sorted({*ids, *(t for t in drafts[r] if t >= 0)}) for r, ids in enumerate(output_ids)
+    ]
+    k = max([1, *(len(c) for c in columns)])
+    padded = [c + [c[0] if c else 0] * (k - len(c)) for c in columns]
+    base = []
+    for ids, cols in zip(output_ids, padded, strict=True):
+        seen: dict[int, int] = {}
+        for t in ids:
+            seen[t] = seen.get(t, 0) + 1
+        base.append([float(seen.get(c, 0)) for c in cols])
+    ids = torch.tensor(padded, dtype=torch.int64, device=device)
+    counts = torch.tensor(base, dtype=torch.float32, device=device).view(rows, 1, k)
+    counts = counts.repeat(1, width, 1)
     if depth:
-        valid = (draft_tokens >= 0).float()
-        steps = torch.zeros(rows, width, vocab, dtype=torch.float32, device=device)
-        steps[:, 1 : depth + 1].scatter_(2, draft_tokens.clamp(min=0).unsqueeze(2), 1.0)
-        steps[:, 1 : depth + 1] *= valid.unsqueeze(2)
-        counts += steps.cumsum(dim=1)
-    counts[:, 1:] += counts[:, :1]
-    return counts
+        valid = (draft_tokens >= 0).unsqueeze(2)
+        hits = ((draft_tokens.unsqueeze(2) == ids.unsqueeze(1)) & valid).float()  # [R, D, K]
+        counts[:, 1 : depth + 1] += hits.cumsum(dim=1)
+        counts[:, depth + 1 :] += hits.sum(dim=1, keepdim=True)
+    return ids, counts
 
 
 def _apply_penalties(
@@ -153,24 +165,29 @@ def _apply_penalties(
     rows: list[int],
     per_position: bool,
 ) -> None:
-    width, vocab = logits.shape[1:]
+    width = logits.shape[1]
     index = torch.tensor(rows, dtype=torch.int64, device=logits.device)
     drafts = draft_tokens.to(logits.device)[index]
     if not per_position:
         drafts = torch.full_like(drafts, -1)
-    counts = prefix_counts([options[b].output_ids for b in rows], drafts, width, vocab)
+    columns, counts = prefix_counts([options[b].output_ids for b in rows], drafts, width)
 
     def column(name: str) -> torch.Tensor:
         values = [float(getattr(options[b], name)) for b in rows]
         return torch.tensor(values, dtype=torch.float32, device=logits.device).view(-1, 1, 1)
 
+    # [R, W, K] views of the logits at each row's columns (gathered, then written back).
+    at = (
+        index.view(-1, 1, 1),
+        torch.arange(width, device=logits.device).view(1, -1, 1),
+        columns.unsqueeze(1),
+    )
     present = counts > 0
-    shaped = logits[index].float()
+    shaped = logits[at].float()
     shaped -= column("frequency_penalty") * counts + column("presence_penalty") * present
     rho = column("repetition_penalty")
     scaled = torch.where(shaped < 0, shaped * rho, shaped / rho)
-    shaped = torch.where(present, scaled, shaped)
-    logits[index] = shaped.to(logits.dtype)
+    logits[at] = torch.where(present, scaled, shaped).to(logits.dtype)
 
 
 def _apply_min_new_tokens(logits: torch.Tensor, opt: RequestOptions) -> None:

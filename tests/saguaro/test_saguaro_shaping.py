@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from sglang.srt.sampling import penaltylib
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from sglang_ssd.saguaro.shaping import RequestOptions, prefix_counts, shape_logits
 
@@ -129,12 +130,54 @@ def test_relaxed_form_differs_where_the_draft_repeats_a_token() -> None:
 
 
 def test_prefix_counts_count_output_then_draft_prefix() -> None:
-    counts = prefix_counts([[1, 1, 3]], torch.tensor([[3, -1]]), width=3, vocab=5)
-    assert counts[0].tolist() == [
-        [0, 2, 0, 1, 0],
-        [0, 2, 0, 2, 0],
-        [0, 2, 0, 2, 0],
+    columns, counts = prefix_counts([[1, 1, 3], []], torch.tensor([[3, -1], [4, 4]]), width=3)
+    assert columns.tolist() == [[1, 3], [4, 4]]  # the second row repeats its only id
+    assert counts[0].tolist() == [[2, 1], [2, 2], [2, 2]]
+    assert counts[1].tolist() == [[0, 0], [1, 1], [2, 2]]
+
+
+class _Allocations(TorchDispatchMode):
+    """Shapes of every tensor an op returns (what `shape_logits` allocates, and the views)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shapes: list[tuple[int, ...]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.shapes.append(tuple(t.shape))
+        return out
+
+
+def test_penalties_allocate_nothing_vocabulary_wide() -> None:
+    """Penalised rows are shaped at the columns their output and draft hold: no op makes an
+    [R, W, V] tensor for the R penalised rows (issue 31, item 10), the result unchanged."""
+    vocab = 4096
+    logits = torch.randn(3, W, vocab)
+    drafts = torch.tensor([[5, 7, 5, -1], [1, 2, 3, 4], [9, 9, 9, 9]])
+    opts = [
+        RequestOptions(output_ids=[5, 6, 6], frequency_penalty=0.5, repetition_penalty=1.3),
+        RequestOptions(output_ids=[1]),
+        RequestOptions(output_ids=[2, 9], presence_penalty=0.7),
     ]
+    expected = logits.clone()
+    for b in (0, 2):
+        for j in range(W):
+            prefix = [*opts[b].output_ids, *[t for t in drafts[b, :j].tolist() if t >= 0]]
+            _reference_penalties(expected[b, j], prefix, opts[b])
+    with _Allocations() as seen:
+        shape_logits(logits, drafts, opts)
+    assert (2, W, vocab) not in seen.shapes, seen.shapes
+    torch.testing.assert_close(logits, expected)
+
+
+def _reference_penalties(z: torch.Tensor, prefix: list[int], opt: RequestOptions) -> None:
+    """SGLang's formulas (module docstring) on one position's logits, token by token."""
+    for t in set(prefix):
+        z[t] -= opt.frequency_penalty * prefix.count(t) + opt.presence_penalty
+        z[t] = z[t] * opt.repetition_penalty if z[t] < 0 else z[t] / opt.repetition_penalty
 
 
 def test_neutral_options_leave_logits_unchanged() -> None:
