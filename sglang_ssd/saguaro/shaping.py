@@ -26,6 +26,7 @@ every draft position (`BatchedPenalizerOrchestrator.apply(repeat=...)`), the "re
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -143,10 +144,8 @@ def prefix_counts(
     padded = [c + [c[0] if c else 0] * (k - len(c)) for c in columns]
     base = []
     for ids, cols in zip(output_ids, padded, strict=True):
-        seen: dict[int, int] = {}
-        for t in ids:
-            seen[t] = seen.get(t, 0) + 1
-        base.append([float(seen.get(c, 0)) for c in cols])
+        seen = Counter(ids)
+        base.append([float(seen[c]) for c in cols])
     ids = torch.tensor(padded, dtype=torch.int64, device=device)
     counts = torch.tensor(base, dtype=torch.float32, device=device).view(rows, 1, k)
     counts = counts.repeat(1, width, 1)
