@@ -1,11 +1,12 @@
 """Shutdown (issue 7, item 5): a signal to the launcher stops every process and frees every port.
 
-Three SSD servers on the tiny pair, one after the other on the same HTTP port, each started right
-after the previous one was stopped (so each start also checks that a restart right after works).
-Each serves a request, then gets SIGTERM, SIGINT, or SIGINT to its whole process group (Ctrl-C in
-a terminal). Then the launcher, the scheduler, the detokenizer and the speculator must all be gone
-(no orphan anywhere on the machine still runs this link's speculator), and the HTTP port and the
-link's ports (the ZMQ control socket and the TCPStore of the tensor group) must be free.
+Three SSD servers on the tiny pair. The first two start side by side (a start-up costs ~30 s of
+CI); the third starts right after one of them stopped, on its HTTP port (so a restart right
+after a stop is checked too). Each serves a request, then gets SIGTERM, SIGINT, or SIGINT to its
+whole process group (Ctrl-C in a terminal). Then the launcher, the scheduler, the detokenizer
+and the speculator must all be gone (no orphan anywhere on the machine still runs this link's
+speculator), and the HTTP port and the link's ports (the ZMQ control socket and the TCPStore of
+the tensor group) must be free.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import os
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +23,10 @@ import psutil
 import pytest
 import requests
 
-from eval.servers import Server, free_port, port_is_free
+from eval.servers import Server, free_port, port_is_free, started_together
 
 STOP_WAIT_S = 30.0
-PORT = free_port()
+_freed: list[int] = []  # HTTP ports of the servers stopped so far: the Ctrl-C server reuses one
 
 
 def _speculator_link(processes: list[psutil.Process]) -> tuple[psutil.Process, dict[str, Any]]:
@@ -52,24 +54,49 @@ def _processes_of_session(session: str) -> list[int]:
     return found
 
 
+def _server(name: str, pair: tuple[Path, Path], logs: Path, port: int | None = None) -> Server:
+    args = [
+        "--model-path", str(pair[0]),
+        "--speculative-algorithm", "SSD",
+        "--speculative-draft-model-path", str(pair[1]),
+        "--max-total-tokens", "2048",
+        "--dtype", "float32",
+    ]  # fmt: skip
+    return Server(f"shutdown-{name}", args, port=port, log_path=logs / f"{name}.log")
+
+
+@pytest.fixture(scope="module")
+def launched(
+    tiny_pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Server]]:
+    """The SIGTERM and SIGINT servers, started side by side; each test stops its own, and
+    whatever a failed test left running is stopped at the end."""
+    logs = tmp_path_factory.mktemp("shutdown-logs")
+    made = {name: _server(name, tiny_pair, logs) for name in ("sigterm", "sigint")}
+    with started_together(made):
+        yield made
+
+
 @pytest.mark.parametrize(
     ("how", "sig"),
     [("launcher", signal.SIGTERM), ("launcher", signal.SIGINT), ("group", signal.SIGINT)],
     ids=["sigterm", "sigint", "ctrl-c"],
 )
 def test_signal_stops_everything_and_frees_the_ports(
-    how: str, sig: signal.Signals, tiny_target: Path, tiny_draft: Path, tmp_path: Path
+    how: str,
+    sig: signal.Signals,
+    request: pytest.FixtureRequest,
+    tiny_pair: tuple[Path, Path],
+    tmp_path: Path,
 ) -> None:
-    args = [
-        "--model-path", str(tiny_target),
-        "--speculative-algorithm", "SSD",
-        "--speculative-draft-model-path", str(tiny_draft),
-        "--max-total-tokens", "2048",
-        "--dtype", "float32",
-    ]  # fmt: skip
-    server = Server(f"shutdown-{sig.name}", args, port=PORT, log_path=tmp_path / "server.log")
-    assert port_is_free(PORT), "the previous server did not free the port"
-    server.start()  # right after the previous test's server stopped on the same port
+    if how == "launcher":
+        server = request.getfixturevalue("launched")[sig.name.lower()]
+    else:
+        # In file order, right after the SIGTERM and SIGINT servers stopped: on one's port.
+        port = _freed[-1] if _freed else free_port()
+        assert port_is_free(port), "the previous server did not free the port"
+        server = _server("ctrl-c", tiny_pair, tmp_path, port)
+        server.start()
     try:
         assert server.proc is not None
         launcher = server.proc.pid
@@ -96,9 +123,10 @@ def test_signal_stops_everything_and_frees_the_ports(
         assert not _running(speculator.pid)
 
         control_port = int(link["control"].rsplit(":", 1)[1])
-        ports = {"http": PORT, "control": control_port, "tensor store": link["store_port"]}
+        ports = {"http": server.port, "control": control_port, "tensor store": link["store_port"]}
         busy = [name for name, port in ports.items() if not port_is_free(port)]
         assert not busy, f"ports still in use: {busy} of {ports}"
+        _freed.append(server.port)
         speculator_errors = [
             line
             for line in server.log_path.read_text(errors="replace").splitlines()
