@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from sglang_ssd.saguaro.sampling import GREEDY_TEMPERATURE_EPS
 from sglang_ssd.speculator.target_features import TargetFeatures
 
 
@@ -143,7 +144,7 @@ class RequestState:
     @property
     def is_greedy(self) -> bool:
         """SGLang's greedy rule: top_k == 1 or temperature ~ 0 (DESIGN.md §1)."""
-        return self.top_k == 1 or self.temperature < 1e-6
+        return self.top_k == 1 or self.temperature < GREEDY_TEMPERATURE_EPS
 
     @property
     def sequence(self) -> list[int]:

@@ -25,6 +25,7 @@ from sglang_ssd.config import SSDConfig, SSDConfigError, TargetCapacity
 from sglang_ssd.phases import PhaseTimer
 from sglang_ssd.placement import TargetGpus, place
 from sglang_ssd.saguaro import Backup, BackupStats, FallbackPolicy
+from sglang_ssd.saguaro.sampling import TOP_K_ALL
 from sglang_ssd.saguaro.self_tuning import DepthTuner
 from sglang_ssd.transport import (
     Close,
@@ -562,7 +563,7 @@ def _sampling_spec(req: Any) -> SamplingSpec:
     """The request's sampling options in the protocol's terms (greedy → top_k 1)."""
     sp = req.sampling_params
     top_k = int(sp.top_k)
-    if top_k < 0 or top_k >= (1 << 20):
+    if top_k < 0 or top_k >= TOP_K_ALL:  # SGLang's "whole vocabulary": -1 on the wire
         top_k = -1
     seed = getattr(sp, "sampling_seed", None)
     return SamplingSpec(
