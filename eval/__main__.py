@@ -54,7 +54,7 @@ from eval.harness import RunSettings, run_interleaved
 from eval.margin import cli as margin
 from eval.sampling import Sampling
 from eval.summary import format_table
-from sglang_ssd.config import parse_cpu_list
+from sglang_ssd.config import DEFAULT_LOOKAHEAD, parse_cpu_list
 from sglang_ssd.launch_server import flag_value
 
 RESULTS = Path("eval/results")
@@ -68,7 +68,9 @@ def _add_compare_options(p: argparse.ArgumentParser, only_example: str) -> None:
     p.add_argument(
         "--cpus", type=parse_cpu_list, default=(0, 1), help="target CPU, draft CPU (default 0,1)"
     )
-    p.add_argument("--lookahead", "--gamma", type=int, default=4, help="γ for every config")
+    p.add_argument(
+        "--lookahead", "--gamma", type=int, default=DEFAULT_LOOKAHEAD, help="γ for every config"
+    )
     p.add_argument(
         "--only",
         type=lambda s: [n.strip() for n in s.split(",") if n.strip()],
@@ -340,7 +342,9 @@ def _add_experiment_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--cpus", type=parse_cpu_list, default=(0, 1), help="target CPU, draft CPU (default 0,1)"
     )
-    p.add_argument("--lookahead", "--gamma", type=int, default=4, help="γ for every config")
+    p.add_argument(
+        "--lookahead", "--gamma", type=int, default=DEFAULT_LOOKAHEAD, help="γ for every config"
+    )
     p.add_argument("--results-dir", type=Path, default=RESULTS)
     p.add_argument("--log-dir", type=Path, default=LOGS / "paper", help="server logs")
     p.add_argument("--dry-run", action="store_true", help="print the plan and estimate, stop")
@@ -457,7 +461,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--cpus", type=parse_cpu_list, default=(0,), help="CPUs for --pinned (default 0)"
     )
-    p.add_argument("--lookahead", "--gamma", type=int, default=4, help="γ for STANDALONE")
+    p.add_argument(
+        "--lookahead", "--gamma", type=int, default=DEFAULT_LOOKAHEAD, help="γ for STANDALONE"
+    )
     p.add_argument("--target", type=Path, help="target model folder (default: the pulled 1.5B)")
     p.add_argument("--draft", type=Path, help="draft model folder (default: the pulled 0.5B)")
     p.set_defaults(func=cmd_baseline)

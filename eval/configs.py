@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from eval.servers import Server
-from sglang_ssd.config import SSDConfig
-from sglang_ssd.launch_server import DEFAULT_ALGORITHM, DEFAULT_LOOKAHEAD, flag_value
+from sglang_ssd.config import DEFAULT_LOOKAHEAD, SSDConfig
+from sglang_ssd.launch_server import DEFAULT_ALGORITHM, flag_value
 
 DTYPE = "bfloat16"
 # KV pool size (tokens) for eval servers: prompts here are < 500 tokens, so 8192 covers batch 8
@@ -159,7 +159,7 @@ def standalone(
     draft: Path | str,
     *,
     name: str = "STANDALONE",
-    lookahead: int = 4,
+    lookahead: int = DEFAULT_LOOKAHEAD,
     topk: int = 1,
     cpus: Sequence[int] | None = None,
     threads: int | None = None,
@@ -176,7 +176,7 @@ def eagle3(
     head: Path | str,
     *,
     name: str = "EAGLE3",
-    lookahead: int = 4,
+    lookahead: int = DEFAULT_LOOKAHEAD,
     cpus: Sequence[int] | None = None,
     threads: int | None = None,
     extra: Sequence[str] = (),
@@ -209,7 +209,7 @@ def ssd(
     *,
     name: str = "SSD",
     mode: str = "async",
-    lookahead: int = 4,
+    lookahead: int = DEFAULT_LOOKAHEAD,
     cpus: Sequence[int] | None = None,
     draft_cpus: Sequence[int] | None = None,
     threads: int | None = None,
@@ -231,7 +231,11 @@ def ssd(
 
 
 def baseline(
-    target: Path | str, draft: Path | str, *, lookahead: int = 4, pinned_cpus: Sequence[int] = ()
+    target: Path | str,
+    draft: Path | str,
+    *,
+    lookahead: int = DEFAULT_LOOKAHEAD,
+    pinned_cpus: Sequence[int] = (),
 ) -> list[Config]:
     """AR vs STANDALONE; with `pinned_cpus`, each server (target and draft) on those CPUs."""
     cpus = tuple(pinned_cpus) or None

@@ -19,6 +19,7 @@ from typing import Any
 from eval import configs as presets
 from eval import ssd_bench
 from eval.configs import Config
+from sglang_ssd.config import DEFAULT_LOOKAHEAD
 
 AR, STANDALONE, EAGLE3, SSD, SSD_HEAD = (
     "AR-2c", "STANDALONE-2c", "EAGLE3-2c", "SSD-1+1c", "SSD-HEAD-1+1c",
@@ -58,7 +59,7 @@ def bench_configs(
     draft: Path | str,
     head: Path | str,
     *,
-    lookahead: int = 4,
+    lookahead: int = DEFAULT_LOOKAHEAD,
     target_cpu: int = 0,
     draft_cpu: int = 1,
 ) -> list[Config]:

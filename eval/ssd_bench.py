@@ -22,6 +22,7 @@ from typing import Any
 from eval import bootstrap, ssd_stats
 from eval import configs as presets
 from eval.configs import Config
+from sglang_ssd.config import DEFAULT_LOOKAHEAD
 
 ARRANGEMENTS = ("paper", "equal")
 
@@ -31,7 +32,7 @@ def bench_configs(
     draft: Path | str,
     arrangements: Sequence[str] = ARRANGEMENTS,
     *,
-    lookahead: int = 4,
+    lookahead: int = DEFAULT_LOOKAHEAD,
     target_cpu: int = 0,
     draft_cpu: int = 1,
     ssd_extra: Sequence[str] = (),

@@ -24,6 +24,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
+# γ when `--speculative-num-steps` is not given: the launcher's default, every bench's and
+# tool's (the EAGLE-3 trainer's evaluation, the tiny pair's check).
+DEFAULT_LOOKAHEAD = 4
+
 ENV_VAR = "SGLANG_SSD_CONFIG"
 
 Mode = Literal["async", "sync"]
@@ -163,7 +167,7 @@ class SSDConfig:
     """
 
     lookahead: int = field(
-        default=4,
+        default=DEFAULT_LOOKAHEAD,
         metadata=flag(
             "γ, draft tokens per round (SGLang's --speculative-num-steps).",
             ok=lambda v: isinstance(v, int) and v >= 1,

@@ -19,13 +19,12 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from sglang_ssd.config import SSDConfig, SSDConfigError, add_ssd_args
+from sglang_ssd.config import DEFAULT_LOOKAHEAD, SSDConfig, SSDConfigError, add_ssd_args
 
 if TYPE_CHECKING:
     from sglang.srt.server_args import ServerArgs
 
 DEFAULT_ALGORITHM = "SSD"
-DEFAULT_LOOKAHEAD = 4
 CPU_MAX_TOTAL_TOKENS = 32768
 # Algorithms that need a draft model path.
 DRAFT_ALGORITHMS = ("STANDALONE", "SSD")

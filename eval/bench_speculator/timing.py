@@ -12,12 +12,12 @@ import torch
 
 from eval.cpuload import machine_busy_s, process_cpu_s
 from eval.sampling import Sampling
-from sglang_ssd.config import SSDConfig
+from sglang_ssd.config import DEFAULT_LOOKAHEAD, SSDConfig
 from sglang_ssd.saguaro import verify
 from sglang_ssd.speculator.draft_model import DraftModel
 from sglang_ssd.speculator.engine import OutcomeIn, SpeculatorEngine
 
-LOOKAHEAD = 4
+LOOKAHEAD = DEFAULT_LOOKAHEAD  # the launcher's γ
 BUDGETS = (1, 2, 4, 8, 16, 24)
 DEPTHS = (1, 2, 3, 4)
 BATCHES = (1, 2, 4)

@@ -21,12 +21,12 @@ from eval.sampling import Sampling
 from eval.trace.record import record
 from eval.trace.replay import ReplayConfig, format_replay_table, replay, replay_parallel
 from eval.trace.target import HFTarget
-from sglang_ssd.config import SSDConfig
+from sglang_ssd.config import DEFAULT_LOOKAHEAD, SSDConfig
 from sglang_ssd.speculator.draft_model import DraftModel
 from sglang_ssd.speculator.engine import SpeculatorEngine
 
 RESULTS = Path("eval/results")
-LOOKAHEAD = 4
+LOOKAHEAD = DEFAULT_LOOKAHEAD  # the launcher's γ
 TRACE_VERSION = 1
 
 

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from sglang_ssd.config import DEFAULT_LOOKAHEAD
 from sglang_ssd.eagle3 import answers as answers_mod
 from sglang_ssd.eagle3 import corpus, evaluate, train
 from sglang_ssd.eagle3.features import default_aux_layer_ids
@@ -71,7 +72,7 @@ class BuildSpec:
     answer_share: float = 0.15
     answer_tokens: int = 96
     heldout_answers: int = 3
-    gamma: int = 4
+    gamma: int = DEFAULT_LOOKAHEAD
     aux_layer_ids: tuple[int, ...] | None = None
     milestones: tuple[float, ...] = (10.0, 30.0, 90.0)
     train: train.TrainSpec = field(default_factory=train.TrainSpec)

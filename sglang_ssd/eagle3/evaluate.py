@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 import torch
 
+from sglang_ssd.config import DEFAULT_LOOKAHEAD
 from sglang_ssd.eagle3.head import Eagle3Head
 from sglang_ssd.eagle3.target_pass import target_pass
 from sglang_ssd.eagle3.ttt import Unroll
@@ -79,7 +80,7 @@ def greedy_accept_length(
     target: torch.nn.Module,
     texts: Sequence[tuple[torch.Tensor, int]],
     aux_layer_ids: Sequence[int] | None,
-    gamma: int = 4,
+    gamma: int = DEFAULT_LOOKAHEAD,
 ) -> float:
     """Mean greedy accept length of γ-chains over target-greedy texts.
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from sglang_ssd.config import SSDConfig
+from sglang_ssd.config import DEFAULT_LOOKAHEAD, SSDConfig
 from sglang_ssd.speculator.draft_model import DraftModel
 from sglang_ssd.speculator.engine import OutcomeIn, SpeculatorEngine
 from sglang_ssd.testing.tiny_models import tokenize
@@ -111,7 +111,7 @@ def pair_stats(
     draft_dir: str | Path,
     prompts: Sequence[str] = TYPICAL_PROMPTS,
     tokens: int = 64,
-    lookahead: int = 4,
+    lookahead: int = DEFAULT_LOOKAHEAD,
 ) -> PairStats:
     """Run greedy SSD rounds (γ = `lookahead`, default fan-out) on each prompt and count.
 
@@ -135,7 +135,7 @@ def pair_stats(
     return total
 
 
-def pair_problems(stats: PairStats, lookahead: int = 4) -> list[str]:
+def pair_problems(stats: PairStats, lookahead: int = DEFAULT_LOOKAHEAD) -> list[str]:
     """Why a pair cannot make SSD tests fail, or [] when it can (issue #11's thresholds)."""
     problems = []
     if sorted(stats.distinct_ids)[len(stats.distinct_ids) // 2] < 16:
