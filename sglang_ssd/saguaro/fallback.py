@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass, field
 
 from .acceptance import alpha_from_accept_length
+from .averages import ema
 from .speedup import expected_speedup
 
 
@@ -192,23 +193,20 @@ class FallbackPolicy:
         """
         w = self.ema_weight
 
-        def ema(old: float, new: float) -> float:
-            return (1.0 - w) * old + w * new
-
         if hit_rate is not None:
             _check_unit("hit_rate", hit_rate)
-            self.p_hit = ema(self.p_hit, hit_rate)
+            self.p_hit = ema(self.p_hit, hit_rate, w)
         if accept_length_hit is not None:
             self.alpha_hit = ema(
-                self.alpha_hit, alpha_from_accept_length(accept_length_hit, self.lookahead)
+                self.alpha_hit, alpha_from_accept_length(accept_length_hit, self.lookahead), w
             )
         if t_verify is not None:
             if not t_verify > 0:
                 raise ValueError(f"t_verify must be > 0, got {t_verify}")
-            self.t_verify = ema(self.t_verify, t_verify)
+            self.t_verify = ema(self.t_verify, t_verify, w)
         if t_spec is not None:
             _check_time("t_spec", t_spec)
-            self.t_spec = ema(self.t_spec, t_spec)
+            self.t_spec = ema(self.t_spec, t_spec, w)
         if accept_length_backup is not None or t_backup is not None:
             if backup is None:
                 raise ValueError("observe: backup is required with its measurements")
@@ -226,10 +224,10 @@ class FallbackPolicy:
                 self.backups[key] = BackupStats(alpha=alpha, latency=t_backup)
                 return
             if alpha is not None:
-                stats.alpha = ema(stats.alpha, alpha)
+                stats.alpha = ema(stats.alpha, alpha, w)
             if t_backup is not None:
                 _check_time("t_backup", t_backup)
-                stats.latency = ema(stats.latency, t_backup)
+                stats.latency = ema(stats.latency, t_backup, w)
 
     def _fast_options(self) -> list[Backup]:
         return [b for b in (Backup.NGRAM, Backup.RANDOM) if b in self.backups]

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from .acceptance import AcceptanceCounts
+from .averages import ema
 from .speedup import expected_speedup
 
 # The build's forward bodies in a Step's phases (with every ``tree_*``).
@@ -114,8 +115,8 @@ class DepthTuner:
         if self.t_forward is None:
             self.t_forward, self.t_fixed = per_forward, fixed
             return
-        self.t_forward += EMA_WEIGHT * (per_forward - self.t_forward)
-        self.t_fixed += EMA_WEIGHT * (fixed - self.t_fixed)
+        self.t_forward = ema(self.t_forward, per_forward, EMA_WEIGHT)
+        self.t_fixed = ema(self.t_fixed, fixed, EMA_WEIGHT)
 
     def build_time(self, depth: int) -> float:
         """T_p(D) = t_fixed + (1 + D) t_forward in seconds (0 before any build was seen)."""

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from sglang_ssd.config import PLAIN_ROUNDS
+from sglang_ssd.saguaro.averages import Ema
 
 
 def plain_rounds_refusal(setting: str, target_device: str) -> str | None:
@@ -53,19 +54,6 @@ class RoundMode(str, enum.Enum):
 
     SPECULATE = "speculate"
     PLAIN = "plain"
-
-
-@dataclass
-class Ema:
-    """A moving average that starts at its first observation (`weight` of each new one)."""
-
-    weight: float
-    value: float | None = None
-    count: int = 0
-
-    def add(self, x: float) -> None:
-        self.value = x if self.value is None else (1.0 - self.weight) * self.value + self.weight * x
-        self.count += 1
 
 
 @dataclass
