@@ -37,8 +37,8 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from eval import configs as presets
 from eval import (
+    cli_options,
     datasets,
     eagle3_bench,
     figures,
@@ -49,12 +49,12 @@ from eval import (
     ssd_bench,
     sweep,
 )
+from eval import configs as presets
 from eval.configs import Config
 from eval.harness import RunSettings, run_interleaved
 from eval.margin import cli as margin
 from eval.sampling import Sampling
 from eval.summary import format_table
-from sglang_ssd.config import DEFAULT_LOOKAHEAD, parse_cpu_list
 from sglang_ssd.launch_server import flag_value
 
 RESULTS = Path("eval/results")
@@ -65,12 +65,8 @@ QUICK_PROMPTS, QUICK_TOKENS = 3, 32
 def _add_compare_options(p: argparse.ArgumentParser, only_example: str) -> None:
     """The options of the comparison benchmarks (`ssd`, `eagle3`): CPUs, γ, a subset of the
     configurations, the model folders."""
-    p.add_argument(
-        "--cpus", type=parse_cpu_list, default=(0, 1), help="target CPU, draft CPU (default 0,1)"
-    )
-    p.add_argument(
-        "--lookahead", "--gamma", type=int, default=DEFAULT_LOOKAHEAD, help="γ for every config"
-    )
+    cli_options.add_cpus(p)
+    cli_options.add_lookahead(p)
     p.add_argument(
         "--only",
         type=lambda s: [n.strip() for n in s.split(",") if n.strip()],
@@ -79,8 +75,7 @@ def _add_compare_options(p: argparse.ArgumentParser, only_example: str) -> None:
         help="comma-separated configurations to run, in this order (the first is the reference), "
         + only_example,
     )
-    p.add_argument("--target", type=Path, help="target model folder (default: the pulled 1.5B)")
-    p.add_argument("--draft", type=Path, help="draft model folder (default: the pulled 0.5B)")
+    cli_options.add_pair(p)
 
 
 def _target_and_draft_cpus(a: argparse.Namespace) -> tuple[int, int]:
@@ -336,15 +331,10 @@ def cmd_show(a: argparse.Namespace) -> int:
 
 def _add_experiment_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="a few prompts x tokens per point")
-    p.add_argument("--target", type=Path, help="target model folder (default: the pulled 1.5B)")
-    p.add_argument("--draft", type=Path, help="draft model folder (default: the pulled 0.5B)")
+    cli_options.add_pair(p)
     p.add_argument("--tokenizer", type=Path, help="model folder for the chat template")
-    p.add_argument(
-        "--cpus", type=parse_cpu_list, default=(0, 1), help="target CPU, draft CPU (default 0,1)"
-    )
-    p.add_argument(
-        "--lookahead", "--gamma", type=int, default=DEFAULT_LOOKAHEAD, help="γ for every config"
-    )
+    cli_options.add_cpus(p)
+    cli_options.add_lookahead(p)
     p.add_argument("--results-dir", type=Path, default=RESULTS)
     p.add_argument("--log-dir", type=Path, default=LOGS / "paper", help="server logs")
     p.add_argument("--dry-run", action="store_true", help="print the plan and estimate, stop")
@@ -458,20 +448,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="pin each server (target and draft) to --cpus with one thread per CPU",
     )
-    p.add_argument(
-        "--cpus", type=parse_cpu_list, default=(0,), help="CPUs for --pinned (default 0)"
-    )
-    p.add_argument(
-        "--lookahead", "--gamma", type=int, default=DEFAULT_LOOKAHEAD, help="γ for STANDALONE"
-    )
-    p.add_argument("--target", type=Path, help="target model folder (default: the pulled 1.5B)")
-    p.add_argument("--draft", type=Path, help="draft model folder (default: the pulled 0.5B)")
+    cli_options.add_cpus(p, (0,), "CPUs for --pinned (default 0)")
+    cli_options.add_lookahead(p, "γ for STANDALONE")
+    cli_options.add_pair(p)
     p.set_defaults(func=cmd_baseline)
 
     p = sub.add_parser("ssd", help="AR vs STANDALONE vs SSD sync vs SSD, two arrangements")
     _add_run_options(p)
     p.add_argument("--arrangement", choices=(*ssd_bench.ARRANGEMENTS, "both"), default="both")
-    p.add_argument("--ssd-args", default="", help="extra --ssd-* flags for the SSD servers")
+    cli_options.add_ssd_args(p)
     _add_compare_options(p, "e.g. AR-2c,SYNC-2c,SSD-1+1c")
     p.set_defaults(func=cmd_ssd, prompts=5, max_new_tokens=64, repeats=2)
 
@@ -491,10 +476,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = sub.add_parser("mixed", help="mixed traffic: AR-2c vs SSD on short mixed requests")
     _add_run_options(p)
     p.add_argument("--requests", type=int, default=40, help="requests in the draw")
-    p.add_argument(
-        "--cpus", type=parse_cpu_list, default=(0, 1), help="target CPU, draft CPU (default 0,1)"
-    )
-    p.add_argument("--ssd-args", default="", help="extra --ssd-* flags for the SSD server")
+    cli_options.add_cpus(p)
+    cli_options.add_ssd_args(p)
     p.add_argument(
         "--ssd-variant",
         action="append",
@@ -503,8 +486,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="another SSD configuration to run alongside, e.g. "
         "'SSD-noplain=--ssd-plain-rounds never' (repeatable)",
     )
-    p.add_argument("--target", type=Path, help="target model folder (default: the pulled 1.5B)")
-    p.add_argument("--draft", type=Path, help="draft model folder (default: the pulled 0.5B)")
+    cli_options.add_pair(p)
     p.set_defaults(func=cmd_mixed, repeats=2, servers="concurrent")
 
     p = sub.add_parser("run", help="configurations from a JSON file")

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from eval import configs
+from eval import cli_options, configs
 from eval.client import RequestResult, generate
 from eval.datasets import HUMANEVAL, MTBENCH, Prompt, load_prompts, load_tokenizer
 from eval.provenance import git_info, machine_info, versions
@@ -110,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--mtbench", type=int, default=10)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--eps", type=float, default=DEFAULT_MARGIN_EPS)
-    parser.add_argument("--ssd-args", default="", help="extra SSD launcher flags")
+    cli_options.add_ssd_args(parser)
     parser.add_argument("--note", default="", help="kept in the JSON (e.g. a smaller run)")
     parser.add_argument("--out", type=Path, default=Path("eval/results/lossless-greedy.json"))
     a = parser.parse_args(argv)

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from eval import bench_speculator as package
+from eval import cli_options
 from eval.bench_speculator.tables import format_table, summarize
 from eval.bench_speculator.timing import (
     BATCHES,
@@ -129,8 +130,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--prefix", type=int, default=200, help="prefix tokens per request")
     parser.add_argument("--target-cpu", type=int, default=0)
     parser.add_argument("--draft-cpu", type=int, default=1)
-    parser.add_argument("--target", type=Path, help="target model folder (default: the 1.5B)")
-    parser.add_argument("--draft", type=Path, help="draft model folder (default: the 0.5B)")
+    cli_options.add_pair(parser)
     parser.add_argument("--kv-slots", type=int, default=16384)
     parser.add_argument(
         "--draft-vocab", type=int, default=0, help="reduced draft vocabulary N (0 = all)"

@@ -20,7 +20,7 @@ from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
-from eval import configs
+from eval import cli_options, configs
 from eval.datasets import HUMANEVAL, MTBENCH, Prompt, load_prompts, load_tokenizer
 from eval.margin.chains import Chain, make_chains, restore_all, save
 from eval.margin.eps import fill_fp32_margins, summarize
@@ -88,7 +88,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--streams", type=int, default=8, help="prompts in flight per server")
     parser.add_argument("--segment-tokens", type=int, default=64, help="new tokens per request")
     parser.add_argument("--max-tokens", type=int, default=384, help="output tokens per prompt")
-    parser.add_argument("--ssd-args", default="", help="extra SSD launcher flags")
+    cli_options.add_ssd_args(parser)
     parser.add_argument("--fresh", action="store_true", help="ignore a saved run in --out")
     parser.add_argument("--note", default="", help="kept in the JSON (e.g. why it is partial)")
     parser.add_argument("--out", type=Path, default=OUT)

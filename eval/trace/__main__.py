@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from eval import datasets
+from eval import cli_options, datasets
 from eval import trace as package
 from eval.configs import model_dirs
 from eval.provenance import model_info, run_header
@@ -166,8 +166,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=RESULTS / "trace-replay.json")
     p.set_defaults(func=cmd_replay)
     for p in sub.choices.values():
-        p.add_argument("--target", type=Path, help="target model folder (default: the 1.5B)")
-        p.add_argument("--draft", type=Path, help="draft model folder (default: the 0.5B)")
+        cli_options.add_pair(p)
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
         p.add_argument("--kv-slots", type=int, default=16384, help="draft KV pool tokens")
