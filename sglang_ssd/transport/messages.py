@@ -8,8 +8,9 @@ unpickles. Field ranges are msgspec `Meta` constraints (checked on decode); cros
 in ``__post_init__`` (checked on construction *and* decode). `encode` re-decodes what it produced,
 so a sender cannot put a frame on the wire that the peer would reject.
 
-Bump `PROTOCOL_VERSION` on any change to these types; `Hello`/`HelloAck` must stay decodable
-across versions so a mismatch is reported clearly instead of timing out.
+Bump `PROTOCOL_VERSION` on any change to these types (`schema_digest` fingerprints them, and a
+test holds each version's fingerprint); `Hello`/`HelloAck` must stay decodable across versions so
+a mismatch is reported clearly instead of timing out.
 
 The admin bridge (the HTTP process asking the scheduler for `/ssd/config` and `/ssd/stats`,
 `sglang_ssd.integration.admin`) speaks `AdminRequest`/`AdminReply` through its own codec
@@ -20,6 +21,9 @@ settings both carry, `LiveSettings`, are generated from `SSDConfig`'s declaratio
 from __future__ import annotations
 
 import enum
+import hashlib
+import inspect
+import json
 import math
 import typing
 from typing import Annotated, Any, Literal
@@ -497,3 +501,34 @@ def decode_admin(frame: bytes) -> AdminMessage:
 def encode_admin(msg: AdminMessage) -> bytes:
     """Encode one admin message, checked by decoding it back; raises as `encode` does."""
     return _ADMIN.encode(msg)
+
+
+def schema_digest() -> str:
+    """SHA-256 (hex) of the JSON schema of every message and struct this module defines (public
+    names, sorted; descriptions and titles left out, so docstrings may change freely): it
+    changes whenever a field, a type, a constraint, a default or a tag does, i.e. whenever
+    `PROTOCOL_VERSION` must (tests/transport/test_protocol_version.py)."""
+    types = sorted(
+        (
+            value
+            for name, value in globals().items()
+            if inspect.isclass(value)
+            and issubclass(value, msgspec.Struct)
+            and value.__module__ == __name__
+            and not name.startswith("_")
+        ),
+        key=lambda value: value.__name__,
+    )
+    schemas, components = msgspec.json.schema_components(types)
+    text = json.dumps(
+        _without_prose({"schemas": schemas, "components": components}), sort_keys=True
+    )
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _without_prose(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {k: _without_prose(v) for k, v in node.items() if k not in ("description", "title")}
+    if isinstance(node, list):
+        return [_without_prose(v) for v in node]
+    return node
