@@ -34,7 +34,6 @@ class ServerStart:
     name: str
     seconds: float
     test: str
-    background: bool = False  # started by a prestart while `test` ran, not for it
 
 
 @dataclass(frozen=True)
@@ -46,15 +45,10 @@ class Times:
     total_s: float
 
 
-def server_start_value(
-    name: str, seconds: float, test: str, port: int | None, background: bool = False
-) -> str:
+def server_start_value(name: str, seconds: float, test: str, port: int | None) -> str:
     """The `server_start` property's value for one start-up (what `read_times` reads back); the
-    port tells two start-ups apart (JUnit repeats a test's properties for each of its phases).
-    `background`: the server was started in the background (`tests/prestart.py`) while `test`
-    ran, not by that test's setup."""
-    record = {"name": name, "seconds": round(seconds, 1), "test": test, "port": port}
-    return json.dumps(record | ({"background": True} if background else {}))
+    port tells two start-ups apart (JUnit repeats a test's properties for each of its phases)."""
+    return json.dumps({"name": name, "seconds": round(seconds, 1), "test": test, "port": port})
 
 
 def module_of(classname: str) -> str:
@@ -86,10 +80,7 @@ def read_times(*junit_xml: str | Path) -> Times:
             if prop.get("name") == SERVER_PROPERTY and value not in servers:
                 record = json.loads(value)
                 servers[value] = ServerStart(
-                    record["name"],
-                    float(record["seconds"]),
-                    record["test"],
-                    bool(record.get("background", False)),
+                    record["name"], float(record["seconds"]), record["test"]
                 )
         suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
         total += sum(float(s.get("time") or 0.0) for s in suites)
@@ -103,15 +94,9 @@ def report(times: Times, top: int = 10) -> str:
     lines += [f"  {seconds:8.1f}  {module}" for module, seconds in times.modules[:top]]
     started = sum(s.seconds for s in times.servers)
     lines.append(f"server start-ups: {len(times.servers)}, {started:.1f} s in all")
-    lines += [f"  {s.seconds:8.1f}  server {s.name} ({_started(s)})" for s in times.servers]
+    lines += [f"  {s.seconds:8.1f}  server {s.name} (started for {s.test})" for s in times.servers]
     lines.append(f"pytest total: {times.total_s:.1f} s ({times.total_s / 60:.1f} min)")
     return "\n".join(lines)
-
-
-def _started(start: ServerStart) -> str:
-    if start.background:
-        return f"started in the background while {start.test} ran"
-    return f"started for {start.test}"
 
 
 def main(argv: list[str]) -> int:

@@ -23,7 +23,6 @@ import sglang_source  # noqa: F401
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
 import ci_times
-import prestart
 
 from eval import servers as eval_servers
 from sglang_ssd.testing.pair_stats import PairStats, check_pair
@@ -49,11 +48,7 @@ def _record_server_start(server: eval_servers.Server) -> None:
     if _running:
         item = _running[-1]
         value = ci_times.server_start_value(
-            server.name,
-            server.info["startup_s"],
-            item.nodeid,
-            server.port,
-            background=prestart.prestarted(server),
+            server.name, server.info["startup_s"], item.nodeid, server.port
         )
         item.user_properties.append((ci_times.SERVER_PROPERTY, value))
 
@@ -126,52 +121,17 @@ def tiny_eagle3_head(
     return out, build.build(tiny_target, out, spec, texts=texts, progress=False)
 
 
-def _uses(items: list[pytest.Item], fixture: str, under: str = "") -> bool:
-    """Whether a selected test whose node id starts with `under` uses `fixture` (directly or
-    through another fixture)."""
-    return any(fixture in item.fixturenames and item.nodeid.startswith(under) for item in items)
-
-
-@pytest.fixture(scope="session", autouse=True)
-def prestart_servers(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[None]:
-    """The session's shared servers that some selected test uses, started in the background as
-    the session begins (`prestart.py`): the real pair's (`tests/integration/real_pair`), then
-    the tiny pair's once the pair is built and checked. Prestarts nobody took are stopped at
-    the end."""
-    items = request.session.items
-    try:
-        if _uses(items, "servers", "tests/integration/real_pair/"):
-            from real_pair.pair import real_pair
-            from real_pair.pair import shared_servers as real_servers
-
-            logs = tmp_path_factory.mktemp("real-pair-logs")
-            prestart.begin("real-pair", lambda: real_servers(*real_pair(), logs))
-        if _uses(items, "tiny_servers"):
-            from tiny_servers import shared_servers
-
-            pair = request.getfixturevalue("tiny_pair")
-            logs = tmp_path_factory.mktemp("tiny-servers")
-            prestart.begin("tiny", lambda: shared_servers(*pair, logs))
-        yield
-    finally:
-        prestart.close_all()
-
-
 @pytest.fixture(scope="session")
 def tiny_servers(
     tiny_pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, eval_servers.Server]]:
     """The tiny pair's shared AR and SSD servers (`tiny_servers.py` has their flags), started
-    side by side (in the background as the session begins: `prestart_servers`) and stopped
-    when the session ends."""
+    side by side on first use and stopped when the session ends."""
     from tiny_servers import shared_servers
 
-    def make() -> dict[str, eval_servers.Server]:
-        return shared_servers(*tiny_pair, tmp_path_factory.mktemp("tiny-servers"))
-
-    with prestart.taken("tiny", make) as made:
+    with eval_servers.started_together(
+        shared_servers(*tiny_pair, tmp_path_factory.mktemp("tiny-servers"))
+    ) as made:
         yield dict(made)
 
 

@@ -22,9 +22,6 @@ import pytest
 def started(request):
     value = {ci_times.server_start_value("tiny-ssd", 12.46, "t/test_slow.py::test_a", 80)!r}
     request.node.user_properties.append(({ci_times.SERVER_PROPERTY!r}, value))
-    # A start-up a prestart ran in the background while this test ran (tests/prestart.py).
-    value = {ci_times.server_start_value("real", 90.0, "t/test_slow.py::test_a", 81, True)!r}
-    request.node.user_properties.append(({ci_times.SERVER_PROPERTY!r}, value))
 
 def test_a(started):
     time.sleep(0.3)
@@ -60,15 +57,11 @@ def test_report_of_real_junit_files(tmp_path: Path) -> None:
     names = [module for module, _ in times.modules]
     assert names == ["test_slow.py", "test_fast.py"]
     assert dict(times.modules)["test_slow.py"] >= 0.5
-    assert times.servers == [
-        ci_times.ServerStart("tiny-ssd", 12.5, "t/test_slow.py::test_a"),
-        ci_times.ServerStart("real", 90.0, "t/test_slow.py::test_a", background=True),
-    ]
+    assert times.servers == [ci_times.ServerStart("tiny-ssd", 12.5, "t/test_slow.py::test_a")]
     assert times.total_s > 0
     text = ci_times.report(times, top=1)
     assert "slowest 1 test modules" in text and "test_fast.py" not in text
     assert "12.5  server tiny-ssd (started for t/test_slow.py::test_a)" in text
-    assert "90.0  server real (started in the background while t/test_slow.py::test_a ran)" in text
 
 
 def test_classnames_fold_into_their_module() -> None:
