@@ -6,6 +6,7 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -27,6 +28,9 @@ import ci_times
 from eval import servers as eval_servers
 from sglang_ssd.testing.pair_stats import PairStats, check_pair
 from sglang_ssd.testing.trained_pair import make_trained_pair
+
+if TYPE_CHECKING:
+    from keyed_servers import KeyedPool
 
 _running: list[pytest.Item] = []  # the test this process sets up, runs or tears down
 
@@ -133,6 +137,22 @@ def tiny_servers(
         shared_servers(*tiny_pair, tmp_path_factory.mktemp("tiny-servers"))
     ) as made:
         yield dict(made)
+
+
+@pytest.fixture(scope="session")
+def keyed_pool(
+    tiny_pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[KeyedPool]:
+    """The tiny pair's SSD servers with API keys (`keyed_servers.py`), shared by the auth and
+    shutdown modules, started on first use; whatever still runs is stopped when the session
+    ends."""
+    from keyed_servers import KeyedPool
+
+    pool = KeyedPool(*tiny_pair, tmp_path_factory.mktemp("keyed-servers"))
+    try:
+        yield pool
+    finally:
+        pool.close()
 
 
 @pytest.fixture(scope="session")

@@ -24,7 +24,7 @@ Live settings (`POST /ssd/config`) are shared state: `tiny_ssd` restores them af
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,13 @@ SHARED_FLAGS = (
 )
 AR_FLAGS = ("--speculative-algorithm", "NONE", "--disable-overlap-schedule")
 SSD_FLAGS = ("--speculative-algorithm", "SSD", "--enable-metrics", "--decode-log-interval", "1")
+
+
+def ssd_args(target: Path, draft: Path, ssd_flags: Sequence[str] = ()) -> list[str]:
+    """Launcher flags of a tiny SSD server of `target` drafting with `draft`, plus `ssd_flags`
+    (`TINY_FLAGS`, none of the shared servers' extras)."""
+    spec = ["--speculative-algorithm", "SSD", "--speculative-draft-model-path", str(draft)]
+    return ["--model-path", str(target), *TINY_FLAGS, *spec, *ssd_flags]
 
 
 def shared_servers(target: Path, draft: Path, logs: Path) -> dict[str, Server]:

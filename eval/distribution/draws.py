@@ -1,9 +1,11 @@
 """Samples of the sharp tiny pair's first tokens from live servers: AR, and SSD under three
 settings switched live on one server.
 
-One server at a time: an idle SGLang CPU scheduler busy-polls a whole core, so two resident
-servers on two cores slow each other down several-fold. Every request is a batched `/generate`
-(`input_ids`, the prompts interleaved, T = `TEMPERATURE`, default top-k/top-p, `ignore_eos`).
+The AR and SSD servers may be resident together (`draw_together`): an idle SGLang CPU scheduler
+sleeps (SGLang's `--sleep-on-idle`, which the launcher sets on CPU: ~1.5% of a core each,
+measured with `top` on a 2-core EPYC), and the draws time nothing. Every request is a batched
+`/generate` (`input_ids`, the prompts interleaved, T = `TEMPERATURE`, default top-k/top-p,
+`ignore_eos`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import numpy as np
 import requests
 
 from eval.distribution.tiny_pair import PROMPTS, TEMPERATURE
-from eval.servers import Server
+from eval.servers import Server, started_together
 
 LOOKAHEAD = 2
 # Token 1 comes from the prefill sampler, tokens 2-4 from one or two SSD rounds (γ = 2).
@@ -167,17 +169,52 @@ def draw_ssd(
     """Draws of the `SSD_CONFIGS` settings in `names`: one server switched live (one server per
     setting if it has no admin endpoint); `done` is called after each setting."""
     wanted = {name: settings for name, settings in SSD_CONFIGS.items() if name in names}
-    out: dict[str, Draws] = {}
     with ssd_server("ssd", target_dir, draft_dir, logs) as server:
-        for name, settings in wanted.items():
-            if not configure(server, settings):
-                break
-            out[name] = draw(server, samples_per_prompt)
-            done(name, out[name])
+        out = draw_live(server, samples_per_prompt, done, wanted)
     for name, settings in wanted.items():
         if name not in out:
             flags = ["--ssd-beta", str(settings["beta"]), "--ssd-backup", settings["backup"]]
             with ssd_server(name, target_dir, draft_dir, logs, *flags) as server:
                 out[name] = draw(server, samples_per_prompt)
             done(name, out[name])
+    return out
+
+
+def draw_live(
+    server: Server,
+    samples_per_prompt: int,
+    done: Callable[[str, Draws], None] = lambda name, draws: None,
+    wanted: dict[str, dict[str, Any]] = SSD_CONFIGS,
+) -> dict[str, Draws]:
+    """Draws of each of `wanted`'s settings on the running SSD `server`, each switched live;
+    stops at the first setting the server cannot take live (no admin endpoint), so the result
+    may miss some; `done` is called after each setting.
+
+    Raises AssertionError when the server refuses a setting or answers a draw with an error.
+    """
+    out: dict[str, Draws] = {}
+    for name, settings in wanted.items():
+        if not configure(server, settings):
+            break
+        out[name] = draw(server, samples_per_prompt)
+        done(name, out[name])
+    return out
+
+
+def draw_together(
+    target_dir: Path, draft_dir: Path, logs: Path, samples_per_prompt: int
+) -> dict[str, Draws]:
+    """Draws of every configuration (`CONFIGS`): the AR and the SSD server started side by side
+    (their start-ups overlap), then AR's draws, then each SSD setting switched live.
+
+    Raises:
+        eval.servers.ServerError: if a server fails to start.
+        AssertionError: if the SSD server cannot take the settings live, or a draw fails.
+    """
+    ssd = ssd_server("ssd", target_dir, draft_dir, logs)
+    made = {"ar": ar_server(target_dir, logs), "ssd": ssd}
+    with started_together(made):
+        out = {"ar": draw(made["ar"], samples_per_prompt)}
+        out |= draw_live(made["ssd"], samples_per_prompt)
+    assert set(out) == set(CONFIGS), f"drew only {sorted(out)}"
     return out

@@ -13,15 +13,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import requests
-from tiny_servers import TINY_FLAGS
+from tiny_servers import TINY_FLAGS, ssd_args
 
 from eval.servers import Server, ServerError, free_port, started_together
-
-
-def ssd_args(target: Path, draft: Path, ssd_flags: Sequence[str] = ()) -> list[str]:
-    """Launcher flags of a tiny SSD server of `target` drafting with `draft`, plus `ssd_flags`."""
-    spec = ["--speculative-algorithm", "SSD", "--speculative-draft-model-path", str(draft)]
-    return ["--model-path", str(target), *TINY_FLAGS, *spec, *ssd_flags]
 
 
 @contextlib.contextmanager

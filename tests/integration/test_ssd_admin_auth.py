@@ -1,6 +1,7 @@
 """`/ssd/config` and `/ssd/stats` under each API-key setting, and fan-out the speculator cannot
 hold (issue #11, item 9), on tiny-pair SSD servers: one per key setting (the session's shared
-tiny SSD server for "no key"; the others started together).
+tiny SSD server for "no key"; the session's keyed servers, `keyed_servers.py`, for the others,
+which `test_ssd_shutdown.py` later stops).
 
 The SSD routes carry SGLang 0.5.23's `ADMIN_OPTIONAL` auth level (`sglang/srt/utils/auth.py`,
 `decide_request_auth`), the same for GET and POST:
@@ -19,83 +20,27 @@ use (the live bound, which the speculator's KV pool sets too: `config.fanout_bud
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
-import requests
-from pair_servers import ssd_args
+from keyed_servers import ADMIN, API, KEYS, PROMPT_IDS, KeyedPool, KeyedServer
 
-from eval.servers import Server, started_together
+from eval.servers import Server
 
-API, ADMIN, WRONG = "api-secret", "admin-secret", "not-a-key"
+WRONG = "not-a-key"
 SENT = (None, API, ADMIN, WRONG)  # the Authorization bearer token a client sends, if any
-# Key setting → (--api-key, --admin-api-key).
-KEYS = {"none": (None, None), "api": (API, None), "admin": (None, ADMIN), "both": (API, ADMIN)}
 # Who may call the SSD routes (ADMIN_OPTIONAL), and /generate (NORMAL), per key setting.
 ADMIN_ALLOWED = {"none": set(SENT), "api": {API}, "admin": {ADMIN}, "both": {ADMIN}}
 GENERATE_ALLOWED = {"none": set(SENT), "api": {API}, "admin": set(SENT), "both": {API}}
-PROMPT_IDS = [68, 69, 70, 0, 70, 73, 66, 79, 78]  # "def fibon"
-
-
-class KeyedServer:
-    """A running tiny SSD server, its key setting, and requests sent with a chosen key."""
-
-    def __init__(self, setting: str, server: Server) -> None:
-        self.setting = setting
-        self.server = server
-        api_key, admin_key = KEYS[setting]
-        self.admin_key = admin_key or api_key  # a key the SSD routes accept
-        self.generate_key = api_key
-
-    def call(self, method: str, path: str, key: str | None, body: object = None):
-        headers = {"Authorization": f"Bearer {key}"} if key is not None else {}
-        response = requests.request(
-            method, self.server.url + path, json=body, headers=headers, timeout=300
-        )
-        return response.status_code, response.json()
-
-    def config(self) -> dict:
-        status, config = self.call("GET", "/ssd/config", self.admin_key)
-        assert status == 200, config
-        return config
-
-    def assert_serving(self) -> None:
-        body = {"input_ids": PROMPT_IDS, "sampling_params": {"max_new_tokens": 2}}
-        status, out = self.call("POST", "/generate", self.generate_key, body)
-        assert status == 200 and len(out["output_ids"]) == 2, out
-
-
-def _server(setting: str, target: Path, draft: Path, logs: Path) -> Server:
-    api_key, admin_key = KEYS[setting]
-    args = [
-        *ssd_args(target, draft, ["--skip-server-warmup"]),
-        *(("--api-key", api_key) if api_key else ()),
-        *(("--admin-api-key", admin_key) if admin_key else ()),
-    ]
-    return Server(f"ssd-{setting}", args, log_path=logs / f"{setting}.log")
-
-
-@pytest.fixture(scope="module")
-def servers(
-    tiny_target: Path,
-    tiny_draft: Path,
-    tiny_servers: dict[str, Server],
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[dict[str, KeyedServer]]:
-    """One tiny SSD server per key setting: the shared one has no key, the others start side
-    by side (their start-ups overlap)."""
-    logs = tmp_path_factory.mktemp("auth-logs")
-    keyed = [setting for setting in KEYS if setting != "none"]
-    made = {setting: _server(setting, tiny_target, tiny_draft, logs) for setting in keyed}
-    with started_together(made):
-        every = {"none": tiny_servers["ssd"], **made}
-        yield {setting: KeyedServer(setting, server) for setting, server in every.items()}
 
 
 @pytest.fixture(params=list(KEYS))
-def keyed(request: pytest.FixtureRequest, servers: dict[str, KeyedServer]) -> KeyedServer:
-    return servers[request.param]
+def keyed(
+    request: pytest.FixtureRequest, keyed_pool: KeyedPool, tiny_servers: dict[str, Server]
+) -> KeyedServer:
+    """The server of one key setting: the session's shared tiny SSD server for "none", a
+    keyed server of the session's pool (`keyed_servers.py`) for the others."""
+    if request.param == "none":
+        return KeyedServer("none", tiny_servers["ssd"])
+    return keyed_pool.get()[request.param]
 
 
 def test_ssd_routes_follow_admin_optional(keyed: KeyedServer) -> None:
@@ -112,7 +57,7 @@ def test_ssd_routes_follow_admin_optional(keyed: KeyedServer) -> None:
         if key in allowed:
             status, _ = keyed.call("POST", "/ssd/config", keyed.admin_key, {"beta": original})
             assert status == 200
-    keyed.assert_serving()
+    keyed.generate(2)
 
 
 def test_generate_keeps_sglangs_normal_auth(keyed: KeyedServer) -> None:
@@ -133,7 +78,7 @@ def test_fanout_the_speculator_cannot_hold_gets_400_and_changes_nothing(
     message = body["error"]["message"]
     assert "--ssd-fanout-budget must be" in message and f"got {budget}" in message, body
     assert keyed.config() == before
-    keyed.assert_serving()
+    keyed.generate(2)
 
 
 def test_a_sane_fanout_budget_is_applied_and_served(keyed: KeyedServer) -> None:
@@ -141,7 +86,7 @@ def test_a_sane_fanout_budget_is_applied_and_served(keyed: KeyedServer) -> None:
     status, body = keyed.call("POST", "/ssd/config", keyed.admin_key, {"fanout_budget": 16})
     assert status == 200, body
     assert body["acknowledged"]["fanout_budget"] == 16 and keyed.config()["fanout_budget"] == 16
-    keyed.assert_serving()
+    keyed.generate(2)
     restore = {"fanout_budget": before["fanout_budget"]}
     assert keyed.call("POST", "/ssd/config", keyed.admin_key, restore)[0] == 200
     status, stats = keyed.call("GET", "/ssd/stats", keyed.admin_key)

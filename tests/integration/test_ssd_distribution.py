@@ -5,12 +5,11 @@ Setup (`eval.distribution` has the details: `tiny_pair`, `reference`, `statistic
 - A tiny float32 Qwen2 target whose next-token laws put most mass on a handful of tokens, and a
   draft made of its embedding and first layer with a flatter logit scale: Σ min(p, q) ≈ 0.5, so
   drafts are rejected about half the time.
-- An autoregressive server, then one SSD server (`--speculative-num-steps 2`) sampled under
-  three settings switched live through `POST /ssd/config` (a server per setting if that
-  endpoint is missing): the defaults (β = 1, backup "auto", which picks the n-gram backup at
-  these batch sizes: point-mass drafts), backup "jit" (every draft sampled from q), and
-  β = 0.5 with "jit" (Saguaro sampling: q is the down-weighted σ). One server at a time: an
-  idle SGLang CPU scheduler busy-polls a core. `SAMPLES_PER_PROMPT` samples per prompt and
+- An autoregressive server and one SSD server (`--speculative-num-steps 2`), started side by
+  side, the SSD server sampled under three settings switched live through `POST /ssd/config`:
+  the defaults (β = 1, backup "auto", which picks the n-gram backup at these batch sizes:
+  point-mass drafts), backup "jit" (every draft sampled from q), and β = 0.5 with "jit"
+  (Saguaro sampling: q is the down-weighted σ). `SAMPLES_PER_PROMPT` samples per prompt and
   configuration, from batched `/generate` requests (`input_ids`, two prompts interleaved,
   T = 0.7, default top-k/top-p, `ignore_eos`).
 - The reference is exact: the joint law of the first four generated tokens, enumerated with
@@ -90,7 +89,7 @@ import numpy as np
 import pytest
 import torch
 
-from eval.distribution.draws import CONFIGS, NEW_TOKENS, SSD_CONFIGS, Draws, draw_ar, draw_ssd
+from eval.distribution.draws import CONFIGS, NEW_TOKENS, SSD_CONFIGS, Draws, draw_together
 from eval.distribution.power import (
     CI_SAMPLES,
     FULL_SAMPLES,
@@ -117,27 +116,17 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("ssd-distribution-logs")
 
 
-# One server at a time: an idle SGLang CPU scheduler busy-polls a whole core, so two resident
-# servers on two cores slow each other down several-fold.
 @pytest.fixture(scope="module")
-def ar_draws(pair: Pair, logs: Path) -> Draws:
-    out = draw_ar(pair.target_dir, logs, SAMPLES_PER_PROMPT)
-    print(f"\nar: {out.summary()}")
-    return out
-
-
-@pytest.fixture(scope="module")
-def ssd_draws(pair: Pair, logs: Path) -> dict[str, Draws]:
-    out = draw_ssd(pair.target_dir, pair.draft_dir, logs, SAMPLES_PER_PROMPT)
+def draws(pair: Pair, logs: Path) -> dict[str, Draws]:
+    """Every configuration's draws; the AR and SSD servers start side by side."""
+    out = draw_together(pair.target_dir, pair.draft_dir, logs, SAMPLES_PER_PROMPT)
     for name, got in out.items():
         print(f"\n{name}: {got.summary()}")
     return out
 
 
 def _draws_of(request: pytest.FixtureRequest, name: str) -> Draws:
-    if name == "ar":
-        return request.getfixturevalue("ar_draws")
-    return request.getfixturevalue("ssd_draws")[name]
+    return request.getfixturevalue("draws")[name]
 
 
 # ------------------------------------------------------------------------------ tests

@@ -19,7 +19,8 @@ from pathlib import Path
 import psutil
 import pytest
 import requests
-from pair_servers import router, ssd_args, ssd_stats
+from pair_servers import router, ssd_stats
+from tiny_servers import ssd_args
 
 from eval.servers import Server
 from sglang_ssd.testing.greedy import transformers_greedy

@@ -1,12 +1,13 @@
 """Shutdown (issue 7, item 5): a signal to the launcher stops every process and frees every port.
 
-Three SSD servers on the tiny pair. The first two start side by side (a start-up costs ~30 s of
-CI); the third starts right after one of them stopped, on its HTTP port (so a restart right
-after a stop is checked too). Each serves a request, then gets SIGTERM, SIGINT, or SIGINT to its
-whole process group (Ctrl-C in a terminal). Then the launcher, the scheduler, the detokenizer
-and the speculator must all be gone (no orphan anywhere on the machine still runs this link's
-speculator), and the HTTP port and the link's ports (the ZMQ control socket and the TCPStore of
-the tensor group) must be free.
+Three SSD servers on the tiny pair. The first two are the session's keyed servers "api" and "admin"
+(`keyed_servers.py`: the auth module checked its routes on them; a key changes nothing here, and a
+start-up costs ~30 s of CI); the third starts right after one of them stopped, on its HTTP port (so
+a restart right after a stop is checked too). Each serves a request, then gets SIGTERM, SIGINT, or
+SIGINT to its whole process group (Ctrl-C in a terminal). Then the launcher, the scheduler, the
+detokenizer and the speculator must all be gone (no orphan anywhere on the machine still runs this
+link's speculator), and the HTTP port and the link's ports (the ZMQ control socket and the TCPStore
+of the tensor group) must be free.
 """
 
 from __future__ import annotations
@@ -15,17 +16,18 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
-import requests
+from keyed_servers import KeyedPool, KeyedServer
+from tiny_servers import ssd_args
 
-from eval.servers import Server, free_port, port_is_free, started_together
+from eval.servers import Server, free_port, port_is_free
 
 STOP_WAIT_S = 30.0
+KEYED = {signal.SIGTERM: "api", signal.SIGINT: "admin"}  # the keyed server each signal stops
 _freed: list[int] = []  # HTTP ports of the servers stopped so far: the Ctrl-C server reuses one
 
 
@@ -54,27 +56,11 @@ def _processes_of_session(session: str) -> list[int]:
     return found
 
 
-def _server(name: str, pair: tuple[Path, Path], logs: Path, port: int | None = None) -> Server:
-    args = [
-        "--model-path", str(pair[0]),
-        "--speculative-algorithm", "SSD",
-        "--speculative-draft-model-path", str(pair[1]),
-        "--max-total-tokens", "2048",
-        "--dtype", "float32",
-    ]  # fmt: skip
-    return Server(f"shutdown-{name}", args, port=port, log_path=logs / f"{name}.log")
-
-
-@pytest.fixture(scope="module")
-def launched(
-    tiny_pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[dict[str, Server]]:
-    """The SIGTERM and SIGINT servers, started side by side; each test stops its own, and
-    whatever a failed test left running is stopped at the end."""
-    logs = tmp_path_factory.mktemp("shutdown-logs")
-    made = {name: _server(name, tiny_pair, logs) for name in ("sigterm", "sigint")}
-    with started_together(made):
-        yield made
+def _ctrl_c_server(pair: tuple[Path, Path], logs: Path, port: int) -> KeyedServer:
+    """A tiny SSD server without keys on `port`, started."""
+    args = ssd_args(*pair, ["--skip-server-warmup"])
+    server = Server("shutdown-ctrl-c", args, port=port, log_path=logs / "ctrl-c.log")
+    return KeyedServer("none", server.start())
 
 
 @pytest.mark.parametrize(
@@ -85,18 +71,18 @@ def launched(
 def test_signal_stops_everything_and_frees_the_ports(
     how: str,
     sig: signal.Signals,
-    request: pytest.FixtureRequest,
+    keyed_pool: KeyedPool,
     tiny_pair: tuple[Path, Path],
     tmp_path: Path,
 ) -> None:
     if how == "launcher":
-        server = request.getfixturevalue("launched")[sig.name.lower()]
+        keyed = keyed_pool.take(KEYED[sig])
     else:
         # In file order, right after the SIGTERM and SIGINT servers stopped: on one's port.
         port = _freed[-1] if _freed else free_port()
         assert port_is_free(port), "the previous server did not free the port"
-        server = _server("ctrl-c", tiny_pair, tmp_path, port)
-        server.start()
+        keyed = _ctrl_c_server(tiny_pair, tmp_path, port)
+    server = keyed.server
     try:
         assert server.proc is not None
         launcher = server.proc.pid
@@ -104,9 +90,7 @@ def test_signal_stops_everything_and_frees_the_ports(
         names = {p.name() for p in children}
         assert {"sglang::scheduler", "sglang::detokenizer"} <= names, names
         speculator, link = _speculator_link(children)
-        body = {"text": "hello", "sampling_params": {"max_new_tokens": 16, "temperature": 0}}
-        response = requests.post(f"{server.url}/generate", json=body, timeout=120)
-        assert response.status_code == 200 and len(response.json()["output_ids"]) == 16
+        keyed.generate(16, prompt="hello")
 
         if how == "group":
             os.killpg(launcher, sig)

@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 import requests
-from pair_servers import ssd_args
+from tiny_servers import ssd_args
 
 from eval.servers import Server
 from sglang_ssd.testing import check_greedy
