@@ -10,7 +10,8 @@ Adding a flag means adding one field.
 SGLang has no API for a plugin to add CLI flags, so `sglang_ssd.launch_server` parses the
 `--ssd-*` flags itself and hands the result to the scheduler subprocess through the
 `SGLANG_SSD_CONFIG` environment variable (`to_env` / `from_env`). This module imports nothing
-beyond the standard library.
+beyond the standard library, `saguaro.draft_kinds` and `draft_runtimes` (both standard library
+only).
 """
 
 from __future__ import annotations
@@ -24,6 +25,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
+from sglang_ssd.draft_runtimes import AUTO as AUTO_RUNTIME
+from sglang_ssd.draft_runtimes import HEAD_RUNTIME, RUNTIMES
+from sglang_ssd.draft_runtimes import NAMES as RUNTIME_NAMES
+from sglang_ssd.saguaro.draft_kinds import backup_names
+
 # γ when `--speculative-num-steps` is not given: the launcher's default, every bench's and
 # tool's (the EAGLE-3 trainer's evaluation, the tiny pair's check).
 DEFAULT_LOOKAHEAD = 4
@@ -32,7 +38,8 @@ ENV_VAR = "SGLANG_SSD_CONFIG"
 
 Mode = Literal["async", "sync"]
 FanoutShape = Literal["geometric", "uniform"]
-BackupChoice = Literal["jit", "ngram", "random", "auto"]
+# The speculator's backup kinds (`saguaro.draft_kinds`), or "auto" (the policy picks per batch).
+BackupChoice = Literal[(*backup_names(), "auto")]  # type: ignore[valid-type]
 PlainRounds = Literal["auto", "never", "always"]
 
 MODES: tuple[str, ...] = get_args(Mode)
@@ -303,6 +310,16 @@ class SSDConfig:
             rule=f"must be an integer in 1..{MAX_DRAFT_KV_TOKENS}",
             metavar="TOKENS",
             parse=int,
+        ),
+    )
+    draft_runtime: str = field(
+        default=AUTO_RUNTIME,
+        metadata=flag(
+            "What runs the draft's forwards (`sglang_ssd.speculator.runtimes`): "
+            + "; ".join(f"{e.name}: {e.summary}" for e in RUNTIMES.values())
+            + f"; {AUTO_RUNTIME} (default): {HEAD_RUNTIME} for an EAGLE-3 head folder, else "
+            "torch.",
+            choices=RUNTIME_NAMES,
         ),
     )
     allow_shared_cores: bool = field(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 
 import pytest
 
@@ -192,3 +194,12 @@ def test_live_fanout_budget_is_bounded_by_the_pool_and_the_outcomes_of_a_round()
         config.check_fanout_budget(767, 1024, 151936)
     with pytest.raises(SSDConfigError, match=r"at most 635 .*outcomes.*got 1000000"):
         SSDConfig(fanout_budget=8, draft_kv_tokens=10**7).check_fanout_budget(10**6, 1024, 128)
+
+
+def test_config_imports_only_the_standard_library() -> None:
+    """The launcher reads `SSDConfig` before it imports SGLang, and subprocesses parse it from
+    the environment: importing it must not pull torch in (through `saguaro`'s package either)."""
+    code = "import sys, sglang_ssd.config; print(sorted({'torch', 'numpy'} & set(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout

@@ -6,7 +6,7 @@ The bridge is a ZMQ REP socket that the scheduler binds once its SSD worker exis
 `PortArgs.instance_id` and the scheduler's DP replica (`admin_address`; SGLang gives every
 replica the server's instance id). With `--dp-size` N > 1 the HTTP process asks every replica
 and lists their answers (`combine`). Requests and replies are typed msgpack messages
-(`AdminRequest` / `AdminReply` in `sglang_ssd.transport.messages`), never pickle. The main
+(`AdminRequest` / `AdminReply` in `sglang_ssd.transport.admin_messages`), never pickle. The main
 process adds the routes to SGLang's FastAPI app and forwards each call
 (`sglang_ssd.integration.admin_routes`). Live changes (`LiveSettings`, generated from
 `SSDConfig`'s declarations) go through `SpeculatorClient.configure`, which takes the client's
@@ -26,13 +26,17 @@ from typing import Any
 import msgspec
 
 from sglang_ssd.config import LIVE_FIELDS, SSDConfig, SSDConfigError
-from sglang_ssd.transport.messages import (
+from sglang_ssd.transport.admin_messages import (
     AdminReply,
     AdminRequest,
-    Configure,
-    LiveSettings,
     decode_admin,
     encode_admin,
+)
+from sglang_ssd.transport.messages import (
+    Configure,
+)
+from sglang_ssd.transport.wire import (
+    LiveSettings,
 )
 
 logger = logging.getLogger(__name__)

@@ -15,7 +15,9 @@ from fastapi.responses import JSONResponse
 from sglang.srt.utils.auth import AuthLevel, auth_level
 
 from sglang_ssd.integration.admin import AdminError, ask_reply, combine, parse_changes
-from sglang_ssd.transport.messages import AdminRequest
+from sglang_ssd.transport.admin_messages import (
+    AdminRequest,
+)
 
 
 def _error(status: int, message: str) -> JSONResponse:

@@ -19,12 +19,11 @@ from collections.abc import Callable
 from typing import Any
 
 from sglang_ssd.integration.registration import is_ssd
+from sglang_ssd.saguaro.draft_kinds import CACHE, PLAIN, kind_names
 from sglang_ssd.worker.metrics import snapshot
 
 INFO_KEY = "ssd"
-CACHE = "cache"
-PLAIN = "plain"
-BACKUP_KINDS = ("jit", "ngram", "random", "local-ngram")
+BACKUP_KINDS = kind_names()
 
 
 def meta_info_fields(counts: dict[str, int]) -> dict[str, Any]:

@@ -3,48 +3,55 @@
 Kumar, Dao, May, "Speculative Speculative Decoding", ICLR 2026, arXiv 2603.03251; DESIGN.md
 section 1 holds the exact rules and the corrected formulas. No processes, no SGLang: this package
 imports with torch alone and runs on CPU or CUDA tensors (device follows the inputs).
+
+The names below are loaded on first use (PEP 562), so that importing one submodule (e.g.
+`draft_kinds`, which the standard-library-only `sglang_ssd.config` reads) does not import torch.
 """
 
-from .acceptance import AcceptanceCounts, alpha_from_accept_length, expected_accept_length
-from .backups import NgramSpeculator, RandomSpeculator
-from .cache import CacheLookup, SparseProbs, SpeculationCache
-from .fallback import Backup, BackupStats, FallbackPolicy
-from .fanout import fit_hit_counts, fit_hit_model, geometric_fanout, hit_rate, uniform_fanout
-from .sampling import (
-    SamplingBatch,
-    apply_sampling,
-    filter_order,
-    saguaro_probs,
-    top_m_from_fanout,
-)
-from .speedup import expected_speedup
-from .uniforms import VerifyUniforms
-from .verify import VerifyResult, verify
+from __future__ import annotations
 
-__all__ = [
-    "AcceptanceCounts",
-    "Backup",
-    "BackupStats",
-    "CacheLookup",
-    "FallbackPolicy",
-    "NgramSpeculator",
-    "RandomSpeculator",
-    "SamplingBatch",
-    "SparseProbs",
-    "SpeculationCache",
-    "VerifyResult",
-    "VerifyUniforms",
-    "alpha_from_accept_length",
-    "apply_sampling",
-    "expected_accept_length",
-    "expected_speedup",
-    "filter_order",
-    "fit_hit_counts",
-    "fit_hit_model",
-    "geometric_fanout",
-    "hit_rate",
-    "saguaro_probs",
-    "top_m_from_fanout",
-    "uniform_fanout",
-    "verify",
-]
+import importlib
+from typing import Any
+
+# Public name -> the submodule that defines it.
+_HOMES = {
+    "AcceptanceCounts": "acceptance",
+    "Backup": "fallback",
+    "BackupStats": "fallback",
+    "CacheLookup": "cache",
+    "FallbackPolicy": "fallback",
+    "NgramSpeculator": "backups",
+    "RandomSpeculator": "backups",
+    "SamplingBatch": "sampling",
+    "SparseProbs": "cache",
+    "SpeculationCache": "cache",
+    "VerifyResult": "verify",
+    "VerifyUniforms": "uniforms",
+    "alpha_from_accept_length": "acceptance",
+    "apply_sampling": "sampling",
+    "expected_accept_length": "acceptance",
+    "expected_speedup": "speedup",
+    "filter_order": "sampling",
+    "fit_hit_counts": "fanout",
+    "fit_hit_model": "fanout",
+    "geometric_fanout": "fanout",
+    "hit_rate": "fanout",
+    "saguaro_probs": "sampling",
+    "top_m_from_fanout": "sampling",
+    "uniform_fanout": "fanout",
+    "verify": "verify",
+}
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    """The public `name`, imported from its submodule on first use."""
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_HOMES[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOMES})

@@ -16,15 +16,16 @@ from dataclasses import dataclass, field
 
 from .acceptance import alpha_from_accept_length
 from .averages import ema
+from .draft_kinds import JIT, backup_names, fast_backup_names
 from .speedup import expected_speedup
 
-
-class Backup(str, enum.Enum):
-    """Draft source on a cache miss (`--ssd-backup`)."""
-
-    JIT = "jit"  # the primary draft model, just in time
-    NGRAM = "ngram"  # NgramSpeculator over the request's prompt + output
-    RANDOM = "random"  # RandomSpeculator, uniform tokens
+# Draft source on a cache miss (`--ssd-backup`): one member per speculator kind of
+# `draft_kinds.KINDS` (JIT: the primary draft just in time; NGRAM, RANDOM: point-mass drafts).
+Backup = enum.Enum(  # type: ignore[misc]
+    "Backup", {name.upper().replace("-", "_"): name for name in backup_names()}, type=str
+)
+Backup.__doc__ = "Draft source on a cache miss (`--ssd-backup`); see `draft_kinds.KINDS`."
+JIT_BACKUP = Backup(JIT)
 
 
 @dataclass
@@ -78,7 +79,8 @@ class FallbackPolicy:
             try:
                 self.mode = Backup(self.mode)
             except ValueError as err:
-                raise ValueError(f"mode must be auto|jit|ngram|random, got {self.mode!r}") from err
+                known = "|".join(("auto", *backup_names()))
+                raise ValueError(f"mode must be {known}, got {self.mode!r}") from err
         self.backups = {Backup(key): value for key, value in self.backups.items()}
         if int(self.lookahead) != self.lookahead or self.lookahead < 1:
             raise ValueError(f"lookahead must be an int >= 1, got {self.lookahead}")
@@ -98,7 +100,7 @@ class FallbackPolicy:
             if self.batch_threshold_override is not None:
                 if int(self.batch_threshold_override) < 1:
                     raise ValueError("batch_threshold_override must be >= 1")
-                if Backup.JIT not in self.backups or not self._fast_options():
+                if JIT_BACKUP not in self.backups or not self._fast_options():
                     raise ValueError("a batch threshold needs stats for jit and a fast backup")
 
     def speedup(self, backup: Backup, batch_size: int) -> float:
@@ -139,7 +141,7 @@ class FallbackPolicy:
             return Backup(self.mode)
         if self.batch_threshold_override is not None:
             if batch_size < self.batch_threshold_override:
-                return Backup.JIT
+                return JIT_BACKUP
             return max(self._fast_options(), key=lambda b: self.speedup(b, batch_size))
         options = list(self.backups)  # dict order; JIT first in Backup order on ties
         options.sort(key=lambda b: list(Backup).index(b))
@@ -158,10 +160,10 @@ class FallbackPolicy:
         Source: paper Theorem 17 with the speedup model of DESIGN.md section 1.
         """
         if self.mode != "auto":
-            return None if self.mode == Backup.JIT else 1
+            return None if self.mode == JIT_BACKUP else 1
         if self.batch_threshold_override is not None:
             return int(self.batch_threshold_override)
-        if Backup.JIT not in self.backups:
+        if JIT_BACKUP not in self.backups:
             return 1
         candidates = [b for b in map(self._threshold_against_jit, self._fast_options()) if b]
         return min(candidates) if candidates else None
@@ -230,21 +232,21 @@ class FallbackPolicy:
                 stats.latency = ema(stats.latency, t_backup, w)
 
     def _fast_options(self) -> list[Backup]:
-        return [b for b in (Backup.NGRAM, Backup.RANDOM) if b in self.backups]
+        return [b for b in map(Backup, fast_backup_names()) if b in self.backups]
 
     def _threshold_against_jit(self, fast: Backup) -> int | None:
         def wins(batch: int) -> bool:
-            return self.speedup(fast, batch) > self.speedup(Backup.JIT, batch)
+            return self.speedup(fast, batch) > self.speedup(JIT_BACKUP, batch)
 
         if wins(1):
             return 1
         hidden = max(1.0, self.t_spec / self.t_verify)
-        n_fast, n_jit = self.speedup(fast, 1), self.speedup(Backup.JIT, 1)
+        n_fast, n_jit = self.speedup(fast, 1), self.speedup(JIT_BACKUP, 1)
         x1 = 1.0 - self.p_hit
         n_fast *= hidden + x1 * self.backups[fast].latency / self.t_verify
-        n_jit *= hidden + x1 * self.backups[Backup.JIT].latency / self.t_verify
+        n_jit *= hidden + x1 * self.backups[JIT_BACKUP].latency / self.t_verify
         t_fast = self.backups[fast].latency / self.t_verify
-        t_jit = self.backups[Backup.JIT].latency / self.t_verify
+        t_jit = self.backups[JIT_BACKUP].latency / self.t_verify
         slope = n_fast * t_jit - n_jit * t_fast
         if slope <= 0 or not 0.0 < self.p_hit < 1.0:
             return None  # fast cannot overtake as x grows, or x_b does not depend on b

@@ -19,13 +19,11 @@ import time
 import torch
 
 from sglang_ssd.config import SSDConfig, parse_cpu_list
-from sglang_ssd.eagle3 import is_eagle3_head
 from sglang_ssd.placement import pin_process
 from sglang_ssd.speculator import draft_vocab
-from sglang_ssd.speculator.draft_model import DraftModel
 from sglang_ssd.speculator.engine import SpeculatorEngine
-from sglang_ssd.speculator.head_model import HeadDraftModel
 from sglang_ssd.speculator.kv_pool import POOL_MEMORY_SHARE
+from sglang_ssd.speculator.runtimes import LoadRequest, create_draft_runtime
 from sglang_ssd.speculator.server import SpeculatorServer
 from sglang_ssd.transport import LinkAddress, SpeculatorLink, TransportError
 
@@ -52,33 +50,6 @@ def watch_parent(parent_pid: int, poll_s: float = PARENT_POLL_S) -> threading.Th
     thread = threading.Thread(target=watch, name="ssd-parent-watch", daemon=True)
     thread.start()
     return thread
-
-
-def load_draft(
-    model_path: str,
-    target_model_path: str | None,
-    device: str,
-    dtype: torch.dtype,
-    kv_slots: int,
-) -> DraftModel | HeadDraftModel:
-    """The draft at `model_path`: an EAGLE-3 head folder (`eagle3.is_eagle3_head`) becomes a
-    `HeadDraftModel` reading the target's embeddings from `target_model_path`, any other HF
-    causal-LM folder a `DraftModel`; the KV pool takes at most `POOL_MEMORY_SHARE` of the
-    device's free memory.
-
-    Raises:
-        ValueError: an EAGLE-3 head without `target_model_path`, or an unusable head.
-        FileNotFoundError: a folder without config.json.
-    """
-    if is_eagle3_head(model_path):
-        if not target_model_path:
-            raise ValueError(f"{model_path} is an EAGLE-3 head: it needs --target-model-path")
-        return HeadDraftModel.load(
-            model_path, target_model_path, device, dtype, kv_slots, POOL_MEMORY_SHARE
-        )
-    return DraftModel.load(
-        model_path, device=device, dtype=dtype, num_slots=kv_slots, memory_share=POOL_MEMORY_SHARE
-    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,9 +92,11 @@ def main(argv: list[str] | None = None) -> int:
     elif args.cpus:
         pin_process(parse_cpu_list(args.cpus))
     kv_slots = args.kv_slots or config.draft_kv_slots(None)
-    model = load_draft(
-        args.model_path, args.target_model_path, args.device, getattr(torch, args.dtype), kv_slots
-    )
+    request = LoadRequest(
+        args.model_path, args.target_model_path, args.device, args.dtype, kv_slots,
+        POOL_MEMORY_SHARE,
+    )  # fmt: skip
+    model = create_draft_runtime(config.draft_runtime, request)
     pool = model.kv_pool
     if pool.num_slots < kv_slots:
         logger.warning(
@@ -139,9 +112,9 @@ def main(argv: list[str] | None = None) -> int:
         pool.num_slots,
         pool.num_slots * pool.bytes_per_slot / 2**20,
     )
-    if isinstance(model, HeadDraftModel):  # its draft vocabulary is the head's own
+    if model.owns_vocab:  # e.g. an EAGLE-3 head's own vocabulary
         if config.draft_vocab != SSDConfig().draft_vocab:
-            logger.warning("--ssd-draft-vocab is ignored: the EAGLE-3 head has its own vocabulary")
+            logger.warning("--ssd-draft-vocab is ignored: the draft runtime has its own vocabulary")
     else:
         if config.draft_vocab:
             draft_vocab.install(model, args.model_path, config.draft_vocab)

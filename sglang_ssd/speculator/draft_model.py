@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from sglang_ssd_kernels.branch_attention import BranchAttentionPlan, plan_branch_attention
@@ -28,6 +28,9 @@ from transformers.masking_utils import AttentionMaskInterface
 from sglang_ssd.phases import PhaseTimer
 from sglang_ssd.speculator.draft_vocab import DraftVocab, eos_ids_of
 from sglang_ssd.speculator.kv_pool import KVPool, affordable_slots, available_memory, slot_bytes
+
+if TYPE_CHECKING:
+    from sglang_ssd.draft_runtimes import LoadRequest
 
 ATTN_IMPLEMENTATION = "ssd_paged"
 _CTX_KWARG = "ssd_ctx"
@@ -132,6 +135,7 @@ class DraftModel:
     """
 
     uses_features = False  # an EAGLE-3 head reads the target's features (`HeadDraftModel`)
+    owns_vocab = False  # takes `--ssd-draft-vocab` through `use_vocab`
 
     def __init__(self, hf_model: torch.nn.Module, kv_pool: KVPool) -> None:
         config = hf_model.config
@@ -229,6 +233,18 @@ class DraftModel:
             device=device,
         )
         return cls(hf_model, pool)
+
+    @classmethod
+    def create(cls, request: LoadRequest) -> DraftModel:
+        """The "torch" draft runtime (`speculator.runtimes`): `load` with `request`'s folder,
+        device, dtype, pool size and memory share. Raises as `load`."""
+        return cls.load(
+            request.model_path,
+            device=request.device,
+            dtype=getattr(torch, request.dtype),
+            num_slots=request.kv_slots,
+            memory_share=request.memory_share,
+        )
 
     @property
     def vocab_size(self) -> int:

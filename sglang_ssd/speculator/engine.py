@@ -30,14 +30,14 @@ import torch
 
 from sglang_ssd.config import SSDConfig
 from sglang_ssd.phases import PhaseTimer
-from sglang_ssd.saguaro import NgramSpeculator, RandomSpeculator, SpeculationCache
+from sglang_ssd.saguaro import NgramSpeculator, RandomSpeculator, SpeculationCache, draft_kinds
 from sglang_ssd.speculator.admission import admit, prefill_plan
-from sglang_ssd.speculator.draft_model import DraftModel
 from sglang_ssd.speculator.drafting import pad_rows, sample_drafts
 from sglang_ssd.speculator.fanout_plan import FanoutPlan, LiveFanout
 from sglang_ssd.speculator.feeding import feed_committed, feed_tokens
 from sglang_ssd.speculator.packing import causal_segment, pack, run_packed
 from sglang_ssd.speculator.prespeculation import prespeculate
+from sglang_ssd.speculator.runtimes import DraftRuntime
 from sglang_ssd.speculator.state import Draft, RequestState, empty_slots, generator_device
 from sglang_ssd.speculator.target_features import TargetFeatures
 
@@ -82,7 +82,7 @@ class SpeculatorEngine:
         seed: seeds the per-request draft generators (independent of the target's RNG).
     """
 
-    def __init__(self, model: DraftModel, config: SSDConfig, seed: int | None = None) -> None:
+    def __init__(self, model: DraftRuntime, config: SSDConfig, seed: int | None = None) -> None:
         self.model = model
         self.config = config
         self.vocab_size = model.vocab_size
@@ -285,7 +285,7 @@ class SpeculatorEngine:
                 tokens=found.draft_tokens[0].tolist(),
                 q=None if state.is_greedy else q,
                 candidates=branches.candidates[row],
-                source="cache",
+                source=draft_kinds.CACHE,
             )
         else:
             self.model.kv_pool.free(branches.slots.reshape(-1))
@@ -392,7 +392,7 @@ class SpeculatorEngine:
             for s in need:
                 if not s.prefilled:
                     self._degrade(s, backup, depth, pool_full)
-            if backup == "jit":
+            if not draft_kinds.kind(backup).point_mass:
                 # A jit draft feeds the unfed committed tokens (the root) and d_1 .. d_{D-1}.
                 needs = [len(s.committed) - s.num_fed + depth - 1 for s in ready]
                 fits = admit(needs, self._pool_free())
@@ -412,14 +412,16 @@ class SpeculatorEngine:
 
     def _degrade(self, state: RequestState, backup: str, depth: int, pool_full: bool) -> None:
         """A point-mass draft for a request the model cannot draft this round (counted)."""
-        self._point_mass(state, "ngram" if backup == "jit" else backup, depth)
+        if not draft_kinds.kind(backup).point_mass:
+            backup = draft_kinds.fast_backup_names()[0]  # n-gram: the first fast backup
+        self._point_mass(state, backup, depth)
         if pool_full:
             self.kv_exhausted_drafts += 1
         else:
             self.prefill_backup_drafts += 1
 
     def _point_mass(self, state: RequestState, backup: str, depth: int) -> None:
-        proposer = self.ngram if backup == "ngram" else self.random
+        proposer = {"ngram": self.ngram, "random": self.random}[draft_kinds.kind(backup).proposer]
         tokens = proposer.propose(state.committed, depth).tolist()
         state.draft = Draft(tokens, None, None, backup)
 
@@ -449,7 +451,7 @@ class SpeculatorEngine:
                 tokens=tokens[i],
                 q=None if s.is_greedy else torch.stack(qs[i]),  # type: ignore[arg-type]
                 candidates=pad_rows(cands[i] + [torch.empty(0, dtype=torch.int64)], num_cand),
-                source="jit",
+                source=draft_kinds.JIT,
             )
 
     # ---------------------------------------------------------------- prefill

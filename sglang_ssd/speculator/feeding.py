@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import torch
 
-from sglang_ssd.speculator.draft_model import DraftModel
 from sglang_ssd.speculator.packing import Segment, causal_segment, pack, run_packed
+from sglang_ssd.speculator.runtimes import DraftRuntime
 from sglang_ssd.speculator.state import RequestState
 
 
 def feed_committed(
-    model: DraftModel, states: list[RequestState], counts: list[int], phase: str = "prefill"
+    model: DraftRuntime, states: list[RequestState], counts: list[int], phase: str = "prefill"
 ) -> torch.Tensor:
     """Feed the next `counts[i]` unfed committed tokens of each state (in one forward, timed
     as `phase` in `model.phases`).
@@ -58,7 +58,7 @@ def feed_committed(
 
 
 def feed_tokens(
-    model: DraftModel, states: list[RequestState], tokens: list[int], phase: str = "jit"
+    model: DraftRuntime, states: list[RequestState], tokens: list[int], phase: str = "jit"
 ) -> torch.Tensor:
     """Feed one token per state after its fed prefix (one forward, timed as `phase`); returns
     logits float32 [len(states), V].

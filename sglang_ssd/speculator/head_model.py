@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from sglang_ssd_kernels.branch_attention import plan_branch_attention
@@ -37,6 +38,9 @@ from sglang_ssd.phases import PhaseTimer
 from sglang_ssd.speculator.draft_model import AttentionLayout, HeadInputs
 from sglang_ssd.speculator.draft_vocab import DraftVocab
 from sglang_ssd.speculator.kv_pool import KVPool, affordable_slots, available_memory, slot_bytes
+
+if TYPE_CHECKING:
+    from sglang_ssd.draft_runtimes import LoadRequest
 
 EMBED, LM_HEAD = "model.embed_tokens.weight", "lm_head.weight"
 
@@ -81,6 +85,7 @@ class HeadDraftModel:
     """
 
     uses_features = True
+    owns_vocab = True  # the head's own vocabulary (its target ids)
 
     def __init__(self, head: Eagle3Head, kv_pool: KVPool) -> None:
         self.head = head.eval()
@@ -100,6 +105,29 @@ class HeadDraftModel:
         self._ids = self.vocab.ids.to(self.device)
         self.forward_count = 0
         self.phases = PhaseTimer.for_device(self.device)
+
+    @classmethod
+    def create(cls, request: LoadRequest) -> HeadDraftModel:
+        """The "eagle3-head" draft runtime (`speculator.runtimes`): `load` with `request`'s
+        folders, device, dtype, pool size and memory share.
+
+        Raises:
+            ValueError: without the target's folder (the head reads its embeddings), or as
+                `load`.
+        """
+        if not request.target_model_path:
+            raise ValueError(
+                f"{request.model_path} is an EAGLE-3 head: it needs the target's folder "
+                "(--target-model-path)"
+            )
+        return cls.load(
+            request.model_path,
+            request.target_model_path,
+            request.device,
+            getattr(torch, request.dtype),
+            request.kv_slots,
+            request.memory_share,
+        )
 
     @classmethod
     def load(

@@ -16,15 +16,15 @@ from dataclasses import dataclass
 import torch
 
 from sglang_ssd.saguaro import SpeculationCache
-from sglang_ssd.speculator.draft_model import DraftModel
 from sglang_ssd.speculator.drafting import DraftSample, pad_rows, sample_drafts
 from sglang_ssd.speculator.fanout_plan import FanoutPlan
 from sglang_ssd.speculator.packing import causal_segment, pack, run_packed, tree_segment
+from sglang_ssd.speculator.runtimes import DraftRuntime
 from sglang_ssd.speculator.state import Branches, RequestState
 
 
 def prespeculate(
-    model: DraftModel,
+    model: DraftRuntime,
     cache: SpeculationCache,
     states: list[RequestState],
     plan: FanoutPlan,
@@ -57,7 +57,7 @@ def prespeculate(
                 _populate(cache, f, drawn)
 
 
-def glue_decode(model: DraftModel, states: list[RequestState], plan: FanoutPlan) -> None:
+def glue_decode(model: DraftRuntime, states: list[RequestState], plan: FanoutPlan) -> None:
     """Feed the unfed rest of committed + draft; fill the fork candidates it reveals.
 
     A draft without candidates (point mass or first round) gets all D + 1 rows, one with
@@ -152,7 +152,7 @@ class _Fork:
 
 
 def _tree_decode(
-    model: DraftModel, forks: list[_Fork], plan: FanoutPlan, beta: float, tree_depth: int
+    model: DraftRuntime, forks: list[_Fork], plan: FanoutPlan, beta: float, tree_depth: int
 ) -> list[list[DraftSample]]:
     """Decode `tree_depth` tokens for every branch, one forward per depth over all requests.
 

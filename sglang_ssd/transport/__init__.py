@@ -5,6 +5,12 @@ link's own torch.distributed group (`tensor_link`); `link` puts both behind one 
 The round protocol is documented in docs/interfaces.md.
 """
 
+from sglang_ssd.transport.admin_messages import (
+    AdminReply,
+    AdminRequest,
+    decode_admin,
+    encode_admin,
+)
 from sglang_ssd.transport.control import ControlEndpoint
 from sglang_ssd.transport.link import (
     LinkAddress,
@@ -17,8 +23,6 @@ from sglang_ssd.transport.link import (
 )
 from sglang_ssd.transport.messages import (
     PROTOCOL_VERSION,
-    AdminReply,
-    AdminRequest,
     Close,
     Configure,
     ConfigureAck,
@@ -29,25 +33,25 @@ from sglang_ssd.transport.messages import (
     FeatureSpan,
     Hello,
     HelloAck,
-    LiveSettings,
     Message,
     Open,
     Outcome,
-    RemoteError,
     SamplingSpec,
     Shutdown,
     SpeculatorTiming,
     StatsReply,
     StatsRequest,
     Step,
-    TransportError,
-    TransportTimeout,
     decode,
-    decode_admin,
     encode,
-    encode_admin,
 )
 from sglang_ssd.transport.tensor_link import TensorLink, TransferStats
+from sglang_ssd.transport.wire import (
+    LiveSettings,
+    RemoteError,
+    TransportError,
+    TransportTimeout,
+)
 
 __all__ = [
     "PROTOCOL_VERSION",

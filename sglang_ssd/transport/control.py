@@ -24,10 +24,12 @@ from sglang_ssd.transport.messages import (
     Hello,
     HelloAck,
     Message,
-    TransportError,
-    TransportTimeout,
     decode,
     encode,
+)
+from sglang_ssd.transport.wire import (
+    TransportError,
+    TransportTimeout,
 )
 
 logger = logging.getLogger(__name__)

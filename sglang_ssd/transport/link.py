@@ -34,12 +34,10 @@ from sglang_ssd.transport.messages import (
     Hello,
     Message,
     Open,
-    RemoteError,
     Shutdown,
     StatsReply,
     StatsRequest,
     Step,
-    TransportError,
 )
 from sglang_ssd.transport.tensor_link import (
     TARGET_RANK,
@@ -47,6 +45,10 @@ from sglang_ssd.transport.tensor_link import (
     TensorLink,
     TensorSpec,
     master_store,
+)
+from sglang_ssd.transport.wire import (
+    RemoteError,
+    TransportError,
 )
 
 logger = logging.getLogger(__name__)

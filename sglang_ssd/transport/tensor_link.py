@@ -22,7 +22,10 @@ from typing import Literal
 import torch
 import torch.distributed as dist
 
-from sglang_ssd.transport.messages import TransportError, TransportTimeout
+from sglang_ssd.transport.wire import (
+    TransportError,
+    TransportTimeout,
+)
 
 logger = logging.getLogger(__name__)
 

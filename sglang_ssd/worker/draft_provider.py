@@ -13,6 +13,7 @@ from typing import Any, Protocol
 import torch
 
 from sglang_ssd.saguaro import NgramSpeculator
+from sglang_ssd.saguaro.draft_kinds import LOCAL_NGRAM
 from sglang_ssd.worker.draft_batch import DraftBatch
 
 
@@ -55,5 +56,5 @@ def ngram_drafts(
         depth=torch.full((b,), depth, dtype=torch.int64),
         q=None,
         has_q=torch.zeros(b, dtype=torch.bool),
-        sources=["local-ngram"] * b,
+        sources=[LOCAL_NGRAM] * b,
     )

@@ -24,13 +24,14 @@ import torch
 from sglang_ssd.config import SSDConfig, SSDConfigError, TargetCapacity
 from sglang_ssd.phases import PhaseTimer
 from sglang_ssd.placement import TargetGpus, place
-from sglang_ssd.saguaro import Backup, BackupStats, FallbackPolicy
+from sglang_ssd.saguaro import Backup, BackupStats, FallbackPolicy, draft_kinds
 from sglang_ssd.saguaro.sampling import TOP_K_ALL
 from sglang_ssd.saguaro.self_tuning import DepthTuner
 from sglang_ssd.transport import (
     Close,
     Configure,
     ConfigureAck,
+    DraftSource,
     Open,
     Outcome,
     ReceivedDrafts,
@@ -64,9 +65,9 @@ def default_policy(config: SSDConfig) -> FallbackPolicy:
         t_verify=0.5,
         t_spec=0.6,
         backups={
-            Backup.JIT: BackupStats(alpha=0.8, latency=0.5),
-            Backup.NGRAM: BackupStats(alpha=0.3, latency=0.002),
-            Backup.RANDOM: BackupStats(alpha=0.01, latency=0.001),
+            Backup(k.name): BackupStats(alpha=k.prior_alpha, latency=k.prior_latency_s)
+            for k in draft_kinds.KINDS
+            if k.speculator
         },
         mode=config.backup,
         batch_threshold_override=config.batch_threshold if config.backup == "auto" else None,
@@ -281,7 +282,9 @@ class SpeculatorClient:
         if self.config.mode == "sync":
             return 0
         policy = self.policy
-        miss = policy.backups.get(backup) or policy.backups[Backup.NGRAM]
+        # A backup without stats yet is costed as the first fast backup (n-gram).
+        fast = Backup(draft_kinds.fast_backup_names()[0])
+        miss = policy.backups.get(backup) or policy.backups[fast]
         return self.tuner.choose(
             t_verify=policy.t_verify,
             p_hit=policy.p_hit,
@@ -323,7 +326,7 @@ class SpeculatorClient:
                 raise ValueError(f"a draft token is outside the target's {self.vocab_size} ids")
         except (RuntimeError, ValueError) as exc:
             raise TransportError(f"unusable drafts from the speculator: {exc}") from exc
-        missing = [i for i, e in enumerate(msg.entries) if e.source == "missing"]
+        missing = [i for i, e in enumerate(msg.entries) if e.source == DraftSource.MISSING]
         if missing:
             local = self.local.drafts([reqs[i] for i in missing])
             width = max(tokens.shape[1], local.tokens.shape[1])
@@ -334,7 +337,7 @@ class SpeculatorClient:
                 tokens[i] = -1
                 tokens[i, : local.tokens.shape[1]] = local.tokens[j]
                 depth[i] = local.depth[j]
-                sources[i] = "local-ngram"
+                sources[i] = draft_kinds.LOCAL_NGRAM
                 self.opened.pop(reqs[i].rid, None)
         timing = msg.timing
         self.last_timing = {"build_s": timing.build_s, "backup_s": timing.backup_s}
@@ -378,11 +381,11 @@ class SpeculatorClient:
         by_source: dict[str, list[int]] = {}
         hit_depths: list[int] = []  # the draft depth of each cache hit, in `hits` order
         for rid, k in zip(rids, accept_lens, strict=True):
-            source = self.last_sources.get(rid, "local-ngram")
+            source = self.last_sources.get(rid, draft_kinds.LOCAL_NGRAM)
             by_source.setdefault(source, []).append(k + 1)
-            if source == "cache":
+            if source == draft_kinds.CACHE:
                 hit_depths.append(self.last_depths.get(rid, 0))
-        hits = by_source.get("cache", [])
+        hits = by_source.get(draft_kinds.CACHE, [])
         self.tuner.observe_hits([n - 1 for n in hits], hit_depths)
         self.policy.observe(
             hit_rate=len(hits) / len(rids),
@@ -391,7 +394,7 @@ class SpeculatorClient:
         )
         # Hits carry D <= γ tokens: α from the tuner's depth-aware counts, not E(α) = L at γ.
         self.policy.alpha_hit = self.tuner.alpha
-        for source in ("jit", "ngram", "random"):
+        for source in draft_kinds.backup_names():
             lengths = by_source.get(source)
             if lengths:
                 self.policy.observe(

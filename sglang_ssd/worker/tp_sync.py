@@ -19,28 +19,54 @@ q never crosses (only rank 0 verifies), so followers hold drafts with `q=None` a
 `has_q`. Two broadcasts per decode round, none per prefill. With one rank there is no `TpGroup`
 and none of this runs.
 
-Payloads are int64 CPU tensors whose size every rank knows from its own batch: the plan is
-`plan_size(B, γ)` = 2 + B·(3 + γ) values (mode, Dmax, then per row D_r, has_q, source, and γ
-tokens -1 padded); the outcome is [2, B] (k, t*).
+Payloads are CPU tensors whose size every rank knows from its own batch. The plan is the
+msgspec (msgpack) encoding of `PlanMessage` (mode, Dmax, per row D_r, has_q, source by name and
+its Dmax tokens), validated on decode like the link's messages, in a uint8 tensor of
+`plan_size(B, γ)` bytes (a 4-byte length, the encoding, zero padding up to a bound that holds any
+plan of B rows at γ), so one broadcast of a size every rank computes carries it. The outcome is
+int64 [2, B] (k, t*).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal
 
+import msgspec
 import torch
 import torch.distributed as dist
+from msgspec import Meta
 
+from sglang_ssd.saguaro.draft_kinds import round_sources
 from sglang_ssd.worker.draft_batch import DraftBatch
 from sglang_ssd.worker.round_mode import RoundMode
 from sglang_ssd.worker.verify_step import VerifiedBatch, chain_layout
 
-# `DraftBatch.sources` values, coded by position ("missing" never leaves the client).
-SOURCES = ("cache", "jit", "ngram", "random", "local-ngram", "plain")
-MODES = tuple(RoundMode)
-_ROW_FIELDS = 3  # D_r, has_q, source
+# `DraftBatch.sources` values a plan may carry ("missing" never leaves the client).
+SOURCES = round_sources()
+_LENGTH_BYTES = 4
+
+
+class PlanRow(msgspec.Struct, frozen=True, forbid_unknown_fields=True, array_like=True):
+    """One request's draft in a broadcast plan: its depth D_r, whether rank 0 holds its q, its
+    source and its Dmax tokens (-1 past D_r)."""
+
+    depth: Annotated[int, Meta(ge=0)]
+    has_q: bool
+    source: Literal[SOURCES]  # type: ignore[valid-type]
+    tokens: list[Annotated[int, Meta(ge=-1, le=2**31 - 1)]]
+
+
+class PlanMessage(msgspec.Struct, frozen=True, forbid_unknown_fields=True, array_like=True):
+    """A decode round's plan as rank 0 broadcasts it: its mode, Dmax and one row per request."""
+
+    mode: Literal[tuple(m.value for m in RoundMode)]  # type: ignore[valid-type]
+    depth_max: Annotated[int, Meta(ge=0)]
+    rows: list[PlanRow]
+
+
+_PLAN_DECODER = msgspec.msgpack.Decoder(PlanMessage)
 
 
 @dataclass(frozen=True)
@@ -72,8 +98,12 @@ class RoundPlan:
 
 
 def plan_size(batch_size: int, lookahead: int) -> int:
-    """Values in a packed plan of `batch_size` rows at lookahead γ = `lookahead`."""
-    return 2 + batch_size * (_ROW_FIELDS + lookahead)
+    """Bytes of a broadcast plan of `batch_size` rows at lookahead γ = `lookahead`: the length
+    prefix plus a bound on any plan's encoding (msgpack: an int takes at most 9 bytes, a row's
+    array and list headers 5 each, a source name 5 + its length)."""
+    longest = max(len(s) for s in SOURCES)
+    row = 5 + 9 + 1 + (5 + longest) + 5 + 9 * lookahead
+    return _LENGTH_BYTES + 64 + batch_size * row
 
 
 def pack_plan(plan: RoundPlan, lookahead: int) -> torch.Tensor:
@@ -84,8 +114,8 @@ def pack_plan(plan: RoundPlan, lookahead: int) -> torch.Tensor:
         lookahead: γ.
 
     Returns:
-        int64 [plan_size(B, γ)] on the CPU: [mode, Dmax, then per row D_r, has_q, source code,
-        tokens padded with -1 to γ].
+        uint8 [plan_size(B, γ)] on the CPU: the encoding's length (4 bytes, little endian),
+        the msgpack encoding of `PlanMessage`, zeros.
 
     Raises:
         ValueError: drafts deeper than γ, or a source not in `SOURCES`.
@@ -97,57 +127,67 @@ def pack_plan(plan: RoundPlan, lookahead: int) -> torch.Tensor:
     unknown = sorted(set(drafts.sources) - set(SOURCES))
     if unknown:
         raise ValueError(f"draft sources {unknown} cannot be shared with the TP group")
-    tokens = torch.full((b, lookahead), -1, dtype=torch.int64)
-    tokens[:, :depth_max] = drafts.tokens.cpu()
-    rows = torch.cat(
-        [
-            drafts.depth.cpu().to(torch.int64).unsqueeze(1),
-            drafts.has_q.cpu().to(torch.int64).unsqueeze(1),
-            torch.tensor([SOURCES.index(s) for s in drafts.sources], dtype=torch.int64).reshape(
-                b, 1
-            ),
-            tokens,
-        ],
-        dim=1,
-    )
-    header = torch.tensor([MODES.index(plan.mode), depth_max], dtype=torch.int64)
-    return torch.cat([header, rows.reshape(-1)])
+    rows = [
+        PlanRow(depth=d, has_q=q, source=src, tokens=t)
+        for d, q, src, t in zip(
+            drafts.depth.tolist(), drafts.has_q.tolist(), drafts.sources,
+            drafts.tokens.cpu().tolist(), strict=True,
+        )
+    ]  # fmt: skip
+    body = msgspec.msgpack.encode(PlanMessage(plan.mode.value, depth_max, rows))
+    out = torch.zeros(plan_size(b, lookahead), dtype=torch.uint8)
+    frame = len(body).to_bytes(_LENGTH_BYTES, "little") + body
+    if len(frame) > out.numel():
+        raise ValueError(f"a plan of {len(frame)} bytes exceeds its bound of {out.numel()}")
+    out[: len(frame)] = torch.frombuffer(bytearray(frame), dtype=torch.uint8)
+    return out
 
 
 def unpack_plan(payload: torch.Tensor, batch_size: int, lookahead: int) -> RoundPlan:
     """The plan `pack_plan` packed (q is not carried: `q=None`).
 
     Args:
-        payload: int64 [plan_size(batch_size, lookahead)].
+        payload: uint8 [plan_size(batch_size, lookahead)].
         batch_size: B, this rank's batch size.
         lookahead: γ.
 
     Raises:
-        ValueError: a payload of the wrong size or with out-of-range codes (ranks that
-            disagree on the batch, or a corrupt broadcast).
+        ValueError: a payload of the wrong size, one that does not decode to a valid
+            `PlanMessage` (an unknown mode or source, a wrong type), or a plan that does not
+            fit this rank's batch and γ (ranks that disagree on the batch, or a corrupt
+            broadcast).
     """
     if payload.shape != (plan_size(batch_size, lookahead),):
         raise ValueError(
-            f"plan of {tuple(payload.shape)} values for a batch of {batch_size} at γ={lookahead}"
+            f"plan of {tuple(payload.shape)} bytes for a batch of {batch_size} at γ={lookahead}"
         )
-    mode_code, depth_max = payload[:2].tolist()
-    rows = payload[2:].reshape(batch_size, _ROW_FIELDS + lookahead)
-    depth, has_q, source = rows[:, 0].clone(), rows[:, 1].bool(), rows[:, 2]
-    if not 0 <= mode_code < len(MODES) or not 0 <= depth_max <= lookahead:
-        raise ValueError(f"plan header (mode {mode_code}, depth {depth_max}) out of range")
-    if batch_size and (
-        bool((depth < 0).any() | (depth > depth_max).any())
-        or bool((source < 0).any() | (source >= len(SOURCES)).any())
-    ):
-        raise ValueError("plan rows carry a depth or source out of range")
+    raw = payload.numpy().tobytes()
+    length = int.from_bytes(raw[:_LENGTH_BYTES], "little")
+    if length > len(raw) - _LENGTH_BYTES:
+        raise ValueError(f"plan length {length} out of range")
+    try:
+        message = _PLAN_DECODER.decode(raw[_LENGTH_BYTES : _LENGTH_BYTES + length])
+    except msgspec.DecodeError as err:  # ValidationError is a subclass
+        raise ValueError(f"corrupt plan broadcast: {err}") from err
+    depth_max = message.depth_max
+    if len(message.rows) != batch_size or depth_max > lookahead:
+        raise ValueError(
+            f"plan of {len(message.rows)} rows at depth {depth_max} for a batch of "
+            f"{batch_size} at γ={lookahead}"
+        )
+    if any(r.depth > depth_max or len(r.tokens) != depth_max for r in message.rows):
+        raise ValueError("plan rows carry a depth or token count out of range")
+    rows = message.rows
     drafts = DraftBatch(
-        tokens=rows[:, _ROW_FIELDS : _ROW_FIELDS + depth_max].clone(),
-        depth=depth,
+        tokens=torch.tensor([r.tokens for r in rows], dtype=torch.int64).reshape(
+            batch_size, depth_max
+        ),
+        depth=torch.tensor([r.depth for r in rows], dtype=torch.int64),
         q=None,
-        has_q=has_q,
-        sources=[SOURCES[i] for i in source.tolist()],
+        has_q=torch.tensor([r.has_q for r in rows], dtype=torch.bool),
+        sources=[r.source for r in rows],
     )
-    return RoundPlan(mode=MODES[mode_code], drafts=drafts)
+    return RoundPlan(mode=RoundMode(message.mode), drafts=drafts)
 
 
 def share_plan(
@@ -170,7 +210,7 @@ def share_plan(
         plan = decide()
         dist.broadcast(pack_plan(plan, lookahead), group=tp.group, group_src=0)
         return plan
-    payload = torch.empty(plan_size(batch_size, lookahead), dtype=torch.int64)
+    payload = torch.empty(plan_size(batch_size, lookahead), dtype=torch.uint8)
     dist.broadcast(payload, group=tp.group, group_src=0)
     return unpack_plan(payload, batch_size, lookahead)
 

@@ -1,16 +1,19 @@
 """eval.bench_speculator's timing loops on tiny random models.
 
 A build runs exactly 1 + D draft forwards (glue + one per tree depth), every (b, D, B) point and
-batch size gets its samples, and the draft's KV pool is empty afterwards.
+batch size gets its samples, and the draft's KV pool is empty afterwards. The forward split
+(`forward_split`) times every part of each tree forward and unhooks itself afterwards.
 """
 
 from __future__ import annotations
 
 import torch
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from eval.bench_speculator import forward_split
 from eval.bench_speculator.timing import bench_draft, bench_target
 from eval.trace.target import HFTarget
-from sglang_ssd.speculator.draft_model import DraftModel
+from sglang_ssd.speculator.draft_model import ATTN_IMPLEMENTATION, DraftModel
 
 PROMPT = [40, 71, 72, 73, 0, 5, 9, 71, 72, 33, 34]
 
@@ -37,3 +40,31 @@ def test_bench_workers_on_tiny_models(tiny_target, tiny_draft):
     verify = bench_target(target, prefixes, batches=(1, 2), lookahead=4, repeats=3)
     assert {v["batch"] for v in verify} == {1, 2}
     assert all(len(v["seconds"]) >= 3 for v in verify)
+
+
+def test_forward_split_times_every_part_of_the_tree_forwards(tiny_draft):
+    model = DraftModel.load(tiny_draft, dtype=torch.float32, num_slots=4096)
+    attention = ALL_ATTENTION_FUNCTIONS[ATTN_IMPLEMENTATION]
+    runs = {
+        rows: forward_split.measure(model, PROMPT * 3, rows, depth=2, repeats=2) for rows in (1, 4)
+    }
+    for rows, run in runs.items():
+        forwards = run["forwards"]
+        assert [f["phase"] for f in forwards] == ["tree_1", "tree_2"] * 2
+        assert (
+            all(f["rows"] == 1 for f in forwards)
+            if rows == 1
+            else max(f["rows"] for f in forwards) > 1
+        )
+        for f in forwards:
+            assert all(f[p] > 0 for p in ("matmuls", "attention", "norms", "rope", "lm_head"))
+            assert f["body"] + f["lm_head"] <= f["forward"]
+            assert f["rest"] >= 0, f  # the hooked parts lie inside the body
+        shares = run["profiled"]
+        assert 0 < shares["ops_share"] < 1 and shares["ops_share"] + shares["python_share"] == 1
+        summary = forward_split.summarize(run, model)
+        assert summary["floors"]["gmacs"] > 0 and summary["ms"]["forward"] > 0
+    # Nothing stays wrapped: serving afterwards runs the plain model.
+    assert ALL_ATTENTION_FUNCTIONS[ATTN_IMPLEMENTATION] is attention
+    assert "forward" not in vars(model)
+    assert model.kv_pool.num_used == 0

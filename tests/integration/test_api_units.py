@@ -13,14 +13,18 @@ import pytest
 from sglang_ssd.config import SSDConfig
 from sglang_ssd.integration import admin, request_checks, request_metrics, scheduler_metrics
 from sglang_ssd.phases import PhaseTimer
-from sglang_ssd.transport.messages import (
+from sglang_ssd.transport.admin_messages import (
     AdminReply,
     AdminRequest,
-    Configure,
-    ConfigureAck,
-    LiveSettings,
     decode_admin,
     encode_admin,
+)
+from sglang_ssd.transport.messages import (
+    Configure,
+    ConfigureAck,
+)
+from sglang_ssd.transport.wire import (
+    LiveSettings,
 )
 from sglang_ssd.worker import metrics as worker_metrics
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -72,15 +73,56 @@ def test_features_let_the_head_draft_and_refresh_verified_rows() -> None:
     assert blind.replies[0][0].entries[0].source == "ngram"
 
 
-def test_the_speculator_loads_a_head_folder_as_a_head(tiny_eagle3_head, tiny_target) -> None:
-    """`python -m sglang_ssd.speculator` picks the runtime by the folder: a head needs the
-    target's folder (its embeddings), a draft LM does not."""
-    from sglang_ssd.speculator.__main__ import load_draft
+def test_the_draft_runtime_follows_the_flag_and_the_folder(tiny_eagle3_head, tiny_target) -> None:
+    """`--ssd-draft-runtime auto` (the default) picks the runtime by the folder: a head needs the
+    target's folder (its embeddings), a draft LM does not; a named runtime that cannot load the
+    folder, or an unknown name, is refused with the reason."""
     from sglang_ssd.speculator.draft_model import DraftModel
+    from sglang_ssd.speculator.runtimes import LoadRequest, create_draft_runtime
 
     folder, _ = tiny_eagle3_head
-    head = load_draft(str(folder), str(tiny_target), "cpu", torch.float32, 64)
-    assert isinstance(head, HeadDraftModel) and head.kv_pool.num_slots <= 64
+
+    def request(path: Path, target: Path | None) -> LoadRequest:
+        return LoadRequest(str(path), None if target is None else str(target), "cpu",
+                           "float32", 64, 0.5)  # fmt: skip
+
+    for name in ("auto", "eagle3-head"):
+        head = create_draft_runtime(name, request(folder, tiny_target))
+        assert isinstance(head, HeadDraftModel) and head.kv_pool.num_slots <= 64
+        assert head.owns_vocab and head.uses_features
     with pytest.raises(ValueError, match="--target-model-path"):
-        load_draft(str(folder), None, "cpu", torch.float32, 64)
-    assert isinstance(load_draft(str(tiny_target), None, "cpu", torch.float32, 64), DraftModel)
+        create_draft_runtime("auto", request(folder, None))
+    for name in ("auto", "torch"):
+        lm = create_draft_runtime(name, request(tiny_target, None))
+        assert isinstance(lm, DraftModel) and not lm.owns_vocab and not lm.uses_features
+    with pytest.raises(ValueError, match="it is an EAGLE-3 head"):
+        create_draft_runtime("torch", request(folder, tiny_target))
+    with pytest.raises(ValueError, match="it is not an EAGLE-3 head"):
+        create_draft_runtime("eagle3-head", request(tiny_target, tiny_target))
+    with pytest.raises(ValueError, match="unknown draft runtime 'onnx'; known: auto, torch"):
+        create_draft_runtime("onnx", request(tiny_target, None))
+
+
+def test_every_registered_runtime_implements_the_contract() -> None:
+    """Each `draft_runtimes.RUNTIMES` entry names a class with `create` and the `DraftRuntime`
+    members (a runtime without its own vocabulary also takes `--ssd-draft-vocab`'s), and the
+    flag offers exactly the registered names plus auto."""
+    import importlib
+
+    from sglang_ssd.config import FLAGS
+    from sglang_ssd.draft_runtimes import RUNTIMES
+    from sglang_ssd.speculator.runtimes import DraftRuntime
+
+    members = [n for n in dir(DraftRuntime) if not n.startswith("_")]
+    members += list(DraftRuntime.__annotations__)
+    for entry in RUNTIMES.values():
+        module, name = entry.target.split(":")
+        cls = getattr(importlib.import_module(module), name)
+        assert callable(getattr(cls, "create", None)), entry
+        missing = [
+            m for m in members if not hasattr(cls, m) and m not in cls.__init__.__code__.co_names
+        ]
+        assert not missing, (entry.name, missing)
+        if not cls.owns_vocab:
+            assert callable(cls.use_vocab) and hasattr(cls, "eos_token_ids"), entry.name
+    assert FLAGS["draft_runtime"].choices == ("auto", *RUNTIMES)

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sglang_ssd.transport import messages as m
+from sglang_ssd.transport import wire
 from sglang_ssd.transport.control import ControlEndpoint
 
 STEP = m.Step(step_id=1, outcomes=[], requests=["a"], backup="jit")
@@ -41,7 +42,7 @@ def test_recv_times_out_without_busy_wait() -> None:
 
 
 def test_send_without_peer_times_out() -> None:
-    with ControlEndpoint.bind() as target, pytest.raises(m.TransportTimeout):
+    with ControlEndpoint.bind() as target, pytest.raises(wire.TransportTimeout):
         target.send(STEP, timeout_s=0.1)
 
 
@@ -62,14 +63,14 @@ def _handshake_pair(target_session: str, spec_session: str, version: int = m.PRO
     def speculator() -> None:
         try:
             result["ack"] = spec.handshake(spec_session, 3.0, version=version)
-        except m.TransportError as err:
+        except wire.TransportError as err:
             result["error"] = err
 
     thread = threading.Thread(target=speculator)
     thread.start()
     try:
         result["hello"] = target.handshake(target_session, 3.0)
-    except m.TransportError as err:
+    except wire.TransportError as err:
         result["target_error"] = err
     thread.join(5.0)
     target.close()
@@ -89,13 +90,13 @@ def test_handshake_accepts_matching_peer() -> None:
 def test_handshake_rejects_mismatch_on_both_sides(spec_session, version, why) -> None:
     result = _handshake_pair("s1", spec_session, version)
     assert why in str(result["target_error"]) and why in str(result["error"])
-    assert not isinstance(result["error"], m.TransportTimeout)
+    assert not isinstance(result["error"], wire.TransportTimeout)
 
 
 def test_handshake_times_out() -> None:
-    with ControlEndpoint.bind() as target, pytest.raises(m.TransportTimeout):
+    with ControlEndpoint.bind() as target, pytest.raises(wire.TransportTimeout):
         target.handshake("s", 0.2)
-    with ControlEndpoint.connect("tcp://127.0.0.1:9") as spec, pytest.raises(m.TransportTimeout):
+    with ControlEndpoint.connect("tcp://127.0.0.1:9") as spec, pytest.raises(wire.TransportTimeout):
         spec.handshake("s", 0.2)  # nobody there: the Hello is queued, no ack comes
 
 
@@ -109,7 +110,7 @@ def test_port_is_released_on_close() -> None:
 
 
 def test_bind_failure_is_a_transport_error() -> None:
-    with ControlEndpoint.bind() as first, pytest.raises(m.TransportError, match="cannot use"):
+    with ControlEndpoint.bind() as first, pytest.raises(wire.TransportError, match="cannot use"):
         ControlEndpoint.bind(first.address)
 
 

@@ -18,6 +18,7 @@ from sglang_ssd.transport import (
     SpeculatorLink,
     TargetLink,
     TensorLink,
+    wire,
 )
 from sglang_ssd.transport import messages as m
 from sglang_ssd.transport.tensor_link import master_store
@@ -88,7 +89,7 @@ def test_rounds_replies_and_shutdown() -> None:
             if isinstance(msg, m.Step):
                 spec.send_drafts(*make_drafts(msg.step_id, msg.requests))
             elif isinstance(msg, m.Configure):
-                applied = m.LiveSettings(
+                applied = wire.LiveSettings(
                     fanout_budget=4,
                     fanout="uniform",
                     beta=msg.changes.beta,
@@ -113,10 +114,10 @@ def test_rounds_replies_and_shutdown() -> None:
     target.send_step(m.Step(step_id=6, outcomes=[], requests=[], backup="random"))
     empty = target.recv_drafts(6, 5.0)
     assert empty.tokens.shape == (0, 3) and empty.q is None
-    target.send(m.Configure(changes=m.LiveSettings(beta=0.5)))
+    target.send(m.Configure(changes=wire.LiveSettings(beta=0.5)))
     assert target.recv_reply(m.ConfigureAck, 5.0).applied.beta == 0.5
     target.send(m.StatsRequest())
-    with pytest.raises(m.RemoteError, match="no stats yet"):
+    with pytest.raises(wire.RemoteError, match="no stats yet"):
         target.recv_reply(m.StatsReply, 5.0)
     assert target.tensors.received.count == 4  # the empty round moved no tensors
     target.close()
@@ -153,10 +154,10 @@ def test_api_misuse_raises_value_error() -> None:
 def test_timeouts_do_not_hang() -> None:
     target = TargetLink()
     address = target.start("s")
-    with pytest.raises(m.TransportTimeout):
+    with pytest.raises(wire.TransportTimeout):
         target.accept(0.2)
     target.close()
-    with pytest.raises(m.TransportTimeout):
+    with pytest.raises(wire.TransportTimeout):
         SpeculatorLink.connect(address, 0.2)
 
 
@@ -296,7 +297,7 @@ def test_speculator_drops_duplicate_and_old_steps(caplog) -> None:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only refusal")
 def test_nccl_without_cuda_is_a_clear_error() -> None:
-    with pytest.raises(m.TransportError, match="CUDA"):
+    with pytest.raises(wire.TransportError, match="CUDA"):
         TensorLink(master_store(), 0, "s", backend="nccl", timeout_s=1.0)
 
 

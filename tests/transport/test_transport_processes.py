@@ -14,6 +14,7 @@ from sglang_ssd.transport import (
     LinkAddress,
     SpeculatorLink,
     TargetLink,
+    wire,
 )
 from sglang_ssd.transport import messages as m
 
@@ -62,7 +63,7 @@ def bad_version_main(address_json: str) -> None:
     with ControlEndpoint.connect(address.control) as control:
         try:
             control.handshake(address.session, 20.0, version=PROTOCOL_VERSION + 1)
-        except m.TransportError as err:
+        except wire.TransportError as err:
             raise SystemExit(0 if "version mismatch" in str(err) else 2) from None
     raise SystemExit(1)
 
@@ -127,7 +128,7 @@ def test_two_process_rounds_with_full_vocabulary_q(children) -> None:
 
 def test_two_process_version_mismatch_is_refused(children) -> None:
     target, proc = children["bad"]
-    with pytest.raises(m.TransportError, match="version mismatch"):
+    with pytest.raises(wire.TransportError, match="version mismatch"):
         target.accept(25.0)
     proc.join(20.0)
     assert proc.exitcode == 0

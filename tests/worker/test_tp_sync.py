@@ -25,6 +25,7 @@ from sglang_ssd.saguaro import SamplingBatch
 from sglang_ssd.worker.draft_batch import DraftBatch
 from sglang_ssd.worker.round_mode import RoundMode
 from sglang_ssd.worker.tp_sync import (
+    SOURCES,
     RoundPlan,
     TpGroup,
     pack_plan,
@@ -262,7 +263,7 @@ def test_rank0s_plain_round_is_plain_on_rank1(ranks) -> None:
 def test_a_plan_packs_and_unpacks_exactly() -> None:
     drafts = mixed_drafts()
     payload = pack_plan(RoundPlan(RoundMode.SPECULATE, drafts), GAMMA)
-    assert payload.dtype == torch.int64 and payload.shape == (plan_size(5, GAMMA),)
+    assert payload.dtype == torch.uint8 and payload.shape == (plan_size(5, GAMMA),)
     plan = unpack_plan(payload, 5, GAMMA)
     assert plan.mode == RoundMode.SPECULATE and plan.drafts.q is None
     for key in ("tokens", "depth", "has_q"):
@@ -288,11 +289,28 @@ def test_unshareable_plans_and_corrupt_payloads_are_refused() -> None:
     payload = pack_plan(RoundPlan(RoundMode.SPECULATE, drafts), GAMMA)
     with pytest.raises(ValueError, match="for a batch of 4"):
         unpack_plan(payload, 4, GAMMA)
+    for corrupt in (b"ngram", b"speculate", None):  # a source, the mode, row 0's tokens
+        bad = payload.clone()
+        raw = bytes(bad.tolist())
+        if corrupt is not None:  # one letter of a name: no longer a known source / mode
+            bad[raw.index(corrupt)] = ord("X")
+        else:  # row 0's token list (after its depth, has_q and source) made a string
+            bad[raw.index(b"cache") + 5] = 0xA1
+        with pytest.raises(ValueError, match="corrupt plan broadcast"):
+            unpack_plan(bad, 5, GAMMA)
     bad = payload.clone()
-    bad[2 + 2] = 99  # row 0's source code
+    bad[:4] = 255  # a length past the payload
     with pytest.raises(ValueError, match="out of range"):
         unpack_plan(bad, 5, GAMMA)
-    bad = payload.clone()
-    bad[0] = 7  # mode
-    with pytest.raises(ValueError, match="out of range"):
-        unpack_plan(bad, 5, GAMMA)
+
+
+def test_the_plan_bound_holds_the_largest_plan() -> None:
+    """Tokens at the id ceiling, the longest source name, depth γ: still within `plan_size`."""
+    b = 7
+    longest = max(SOURCES, key=len)
+    drafts = DraftBatch(
+        tokens=torch.full((b, GAMMA), 2**31 - 1), depth=torch.full((b,), GAMMA), q=None,
+        has_q=torch.ones(b, dtype=torch.bool), sources=[longest] * b,
+    )  # fmt: skip
+    plan = unpack_plan(pack_plan(RoundPlan(RoundMode.SPECULATE, drafts), GAMMA), b, GAMMA)
+    assert torch.equal(plan.drafts.tokens, drafts.tokens) and plan.drafts.sources == [longest] * b
