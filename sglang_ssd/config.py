@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from sglang_ssd.draft_runtimes import AUTO as AUTO_RUNTIME
-from sglang_ssd.draft_runtimes import HEAD_RUNTIME, RUNTIMES
+from sglang_ssd.draft_runtimes import HEAD_RUNTIME, INT8_RUNTIME, RUNTIMES
 from sglang_ssd.draft_runtimes import NAMES as RUNTIME_NAMES
 from sglang_ssd.saguaro.draft_kinds import backup_names
 
@@ -318,7 +318,7 @@ class SSDConfig:
             "What runs the draft's forwards (`sglang_ssd.speculator.runtimes`): "
             + "; ".join(f"{e.name}: {e.summary}" for e in RUNTIMES.values())
             + f"; {AUTO_RUNTIME} (default): {HEAD_RUNTIME} for an EAGLE-3 head folder, else "
-            "torch.",
+            f"{INT8_RUNTIME} on the CPU (torch where its kernels are missing) and torch on a GPU.",
             choices=RUNTIME_NAMES,
         ),
     )

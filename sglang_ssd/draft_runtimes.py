@@ -54,6 +54,11 @@ RUNTIMES: dict[str, RuntimeEntry] = {
             "a transformers causal LM over the paged KV pool",
         ),
         RuntimeEntry(
+            "torch-int8",
+            "sglang_ssd.speculator.int8_model:Int8DraftModel",
+            "the torch runtime with int8 weights (FBGEMM; CPU only)",
+        ),
+        RuntimeEntry(
             "eagle3-head",
             "sglang_ssd.speculator.head_model:HeadDraftModel",
             "an EAGLE-3 head reading the target's features",
@@ -61,4 +66,5 @@ RUNTIMES: dict[str, RuntimeEntry] = {
     )
 }
 HEAD_RUNTIME = "eagle3-head"
+INT8_RUNTIME = "torch-int8"
 NAMES: tuple[str, ...] = (AUTO, *RUNTIMES)

@@ -20,7 +20,7 @@ Floors (`floors`): the weight bytes one forward streams (bf16 layers + the reduc
 its multiply-adds, from the model's shapes.
 
 Usage: python -m eval.bench_speculator.forward_split [--rows 1 8] [--depth 4] [--repeats 9]
-    [--cpu 1] [--draft PATH] [--out eval/results/forward-split.json]
+    [--cpu 1] [--draft PATH] [--draft-runtime torch] [--out eval/results/forward-split.json]
 """
 
 from __future__ import annotations
@@ -36,12 +36,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.ao.nn.quantized.dynamic import Linear as DynamicInt8Linear
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from eval import cli_options
 from eval.bench_speculator.timing import make_prefixes
 from eval.sampling import Sampling
 from sglang_ssd.config import DEFAULT_DRAFT_VOCAB, SSDConfig
+from sglang_ssd.draft_runtimes import RUNTIMES, LoadRequest
 from sglang_ssd.speculator.draft_model import ATTN_IMPLEMENTATION, DraftModel
 from sglang_ssd.speculator.engine import OutcomeIn, SpeculatorEngine
 
@@ -49,6 +51,8 @@ HOOKED = ("matmuls", "norms", "rope", "embedding")
 PARTS = ("matmuls", "attention", "norms", "rope", "embedding", "rest", "lm_head")
 DEPTH = 4
 ROWS = (1, 8)
+# A decoder projection: float (the torch runtime) or int8 (the torch-int8 runtime).
+LINEARS = (torch.nn.Linear, DynamicInt8Linear)
 RESULTS = Path("eval/results")
 
 
@@ -57,7 +61,7 @@ def _part_of(name: str, module: torch.nn.Module, lm_head: torch.nn.Module) -> st
     kind = type(module).__name__
     if module is lm_head:
         return None  # timed as the forward's lm_head phase
-    if isinstance(module, torch.nn.Linear):
+    if isinstance(module, LINEARS):
         return "matmuls"
     if kind.endswith("RMSNorm") or isinstance(module, torch.nn.LayerNorm):
         return "norms"
@@ -229,22 +233,32 @@ def _op_self_times(event: Any) -> Iterator[float]:
         yield from _op_self_times(child)
 
 
+def _weight_bytes(module: torch.nn.Module) -> tuple[int, int]:
+    """(elements, bytes) of a linear layer's weight, float or int8."""
+    weight = module.weight() if isinstance(module, DynamicInt8Linear) else module.weight
+    return weight.numel(), weight.numel() * weight.element_size()
+
+
 def floors(model: DraftModel, rows: int) -> dict[str, float]:
     """Weight bytes one forward streams and its multiply-adds (projections + LM head rows).
 
     Returns:
-        {"weight_mb": MB of layer and LM-head weights, "gmacs": 1e9 multiply-adds of their
-        matmuls at `rows` rows (attention's are negligible at these context lengths)}.
+        {"weight_mb": MB of layer and LM-head weights (in the runtime's own precision), "gmacs":
+        1e9 multiply-adds of their matmuls at `rows` rows (attention's are negligible at these
+        context lengths)}.
     """
-    layers = sum(
-        m.weight.numel()
-        for name, m in model.hf.named_modules()
-        if isinstance(m, torch.nn.Linear) and m is not model.lm_head
-    )
+    layers = [
+        _weight_bytes(m)
+        for m in model.hf.modules()
+        if isinstance(m, LINEARS) and m is not model.lm_head
+    ]
+    head_module = model._head() if hasattr(model, "_head") else model.lm_head
     head_rows = model.vocab.size if model.vocab is not None else model.vocab_size
-    head = head_rows * model.lm_head.weight.shape[1]
-    size = model.lm_head.weight.element_size()
-    return {"weight_mb": (layers + head) * size / 1e6, "gmacs": rows * (layers + head) / 1e9}
+    head_elements, head_bytes = _weight_bytes(head_module)
+    head_bytes = head_bytes * head_rows // max(head_elements // model.lm_head.weight.shape[1], 1)
+    elements = sum(n for n, _ in layers) + head_rows * model.lm_head.weight.shape[1]
+    weight_bytes = sum(b for _, b in layers) + head_bytes
+    return {"weight_mb": weight_bytes / 1e6, "gmacs": rows * elements / 1e9}
 
 
 def summarize(run: dict[str, Any], model: DraftModel) -> dict[str, Any]:
@@ -305,6 +319,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--draft-vocab", type=int, default=DEFAULT_DRAFT_VOCAB, help="as --ssd-draft-vocab"
     )
+    parser.add_argument(
+        "--draft-runtime", default="torch", choices=sorted(RUNTIMES), help="as --ssd-draft-runtime"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS / "forward-split.json")
     a = parser.parse_args(argv)
 
@@ -312,12 +329,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from eval.configs import model_dirs
     from eval.provenance import model_info, run_header
     from sglang_ssd.speculator.draft_vocab import for_model
+    from sglang_ssd.speculator.runtimes import create_draft_runtime
 
     target_dir, draft_dir = model_dirs(a.target, a.draft)
     prompts = datasets.load_prompts(datasets.HUMANEVAL, datasets.load_tokenizer(target_dir), 4)
     (prefix,) = make_prefixes([p.input_ids for p in prompts], 1, a.prefix)
     with _pinned(a.cpu):
-        model = DraftModel.load(draft_dir, num_slots=8192)
+        request = LoadRequest(str(draft_dir), None, "cpu", "bfloat16", 8192, 0.5)
+        model = create_draft_runtime(a.draft_runtime, request)
         if a.draft_vocab:
             model.use_vocab(for_model(draft_dir, a.draft_vocab))
         runs = [measure(model, prefix, rows, a.depth, a.repeats) for rows in a.rows]
@@ -327,7 +346,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         **run_header("eval.bench_speculator.forward_split", list(argv or sys.argv[1:])),
         "models": {"draft": model_info(Path(draft_dir))},
         "settings": {"depth": a.depth, "repeats": a.repeats, "prefix": a.prefix, "cpu": a.cpu,
-                     "draft_vocab": a.draft_vocab, "torch_threads": torch.get_num_threads()},
+                     "draft_vocab": a.draft_vocab, "draft_runtime": a.draft_runtime,
+                     "torch_threads": torch.get_num_threads()},
         "summary": rows,
         "raw": runs,
     }  # fmt: skip

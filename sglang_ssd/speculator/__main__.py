@@ -131,8 +131,10 @@ def main(argv: list[str] | None = None) -> int:
         logger.error("speculator: cannot link to the target: %s; exiting", exc)
         return EXIT_LINK_REFUSED
     logger.info(
-        "speculator ready: pid %d, device %s, cpus %s, threads %d, mode %s",
+        "speculator ready: pid %d, draft runtime %s (%s), device %s, cpus %s, threads %d, mode %s",
         os.getpid(),
+        type(model).__name__,
+        config.draft_runtime,
         args.device,
         sorted(os.sched_getaffinity(0)),
         torch.get_num_threads(),

@@ -2,9 +2,11 @@
 
 The contract (`DraftRuntime`) is what `SpeculatorEngine`, the packing and the server really use
 of a draft: its KV pool, device, vocabulary, one batched forward over packed rows, a forward
-count and phase timer, and whether it reads the target's features. Two runtimes implement it:
+count and phase timer, and whether it reads the target's features. Three runtimes implement it:
 - "torch": `speculator.draft_model.DraftModel`, a transformers causal LM (bf16 by default) whose
-  attention reads and writes our paged pool (the default for a model folder);
+  attention reads and writes our paged pool (the default for a model folder on a GPU);
+- "torch-int8": `speculator.int8_model.Int8DraftModel`, the same with int8 linear layers on
+  torch's FBGEMM kernels (the default for a model folder on the CPU);
 - "eagle3-head": `speculator.head_model.HeadDraftModel`, an EAGLE-3 head over the target's
   features and embeddings (the default for a head folder; `eagle3.is_eagle3_head`).
 A new runtime is one module with a class implementing `DraftRuntime` and a
@@ -16,9 +18,12 @@ imported only when it is chosen.
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import TYPE_CHECKING, Protocol
 
-from sglang_ssd.draft_runtimes import AUTO, HEAD_RUNTIME, NAMES, RUNTIMES, LoadRequest
+from sglang_ssd.draft_runtimes import AUTO, HEAD_RUNTIME, INT8_RUNTIME, NAMES, RUNTIMES, LoadRequest
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     import torch
@@ -75,9 +80,11 @@ class DraftRuntime(Protocol):
         ...
 
 
-def resolve(name: str, model_path: str) -> str:
-    """The runtime `name` means for the draft folder `model_path`: "auto" is "eagle3-head" for
-    an EAGLE-3 head folder and "torch" otherwise.
+def resolve(name: str, model_path: str, device: str = "cpu") -> str:
+    """The runtime `name` means for the draft folder `model_path` on `device`: "auto" is
+    "eagle3-head" for an EAGLE-3 head folder; for a model folder it is "torch-int8" on a CPU
+    with torch's FBGEMM kernels (the fastest there: README, Draft runtimes) and "torch"
+    elsewhere, logging why.
 
     Raises:
         ValueError: an unknown name, or a runtime that cannot load the folder (a head folder
@@ -89,7 +96,15 @@ def resolve(name: str, model_path: str) -> str:
         raise ValueError(f"unknown draft runtime {name!r}; known: {', '.join(NAMES)}")
     head = is_eagle3_head(model_path)
     if name == AUTO:
-        return HEAD_RUNTIME if head else "torch"
+        if head:
+            return HEAD_RUNTIME
+        from sglang_ssd.speculator.int8_model import int8_unavailable
+
+        reason = int8_unavailable(device)
+        if reason is None:
+            return INT8_RUNTIME
+        logger.info("draft runtime: torch (%s)", reason)
+        return "torch"
     if head != (name == HEAD_RUNTIME):
         what = "an EAGLE-3 head" if head else "not an EAGLE-3 head"
         raise ValueError(
@@ -107,6 +122,6 @@ def create_draft_runtime(name: str, request: LoadRequest) -> DraftRuntime:
             target's folder).
         FileNotFoundError: a folder without config.json.
     """
-    entry = RUNTIMES[resolve(name, request.model_path)]
+    entry = RUNTIMES[resolve(name, request.model_path, request.device)]
     module, cls = entry.target.split(":")
     return getattr(importlib.import_module(module), cls).create(request)

@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 
 from sglang_ssd.config import DEFAULT_LOOKAHEAD, SSDConfig
-from sglang_ssd.speculator.draft_model import DraftModel
 from sglang_ssd.speculator.engine import OutcomeIn, SpeculatorEngine
+from sglang_ssd.speculator.runtimes import LoadRequest, create_draft_runtime
 from sglang_ssd.testing.tiny_models import tokenize
 
 # Code-like prompts of the kind the tiny pair was trained on (not taken from its corpus).
@@ -112,16 +112,20 @@ def pair_stats(
     prompts: Sequence[str] = TYPICAL_PROMPTS,
     tokens: int = 64,
     lookahead: int = DEFAULT_LOOKAHEAD,
+    runtime: str = "torch",
 ) -> PairStats:
-    """Run greedy SSD rounds (γ = `lookahead`, default fan-out) on each prompt and count.
+    """Run greedy SSD rounds (γ = `lookahead`, default fan-out) on each prompt and count, the
+    draft run by the draft runtime `runtime` (`--ssd-draft-runtime`; float32 where it has a
+    dtype).
 
     Raises:
-        ValueError: on a prompt character outside the tiny vocabulary.
+        ValueError: on a prompt character outside the tiny vocabulary, or an unknown runtime.
     """
     from transformers import AutoModelForCausalLM
 
     target = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32)
-    model = DraftModel.load(str(draft_dir), dtype=torch.float32, num_slots=8192)
+    request = LoadRequest(str(draft_dir), str(target_dir), "cpu", "float32", 8192, 0.5)
+    model = create_draft_runtime(runtime, request)
     engine = SpeculatorEngine(model, SSDConfig(lookahead=lookahead), seed=0)
     total = PairStats()
     for text in prompts:

@@ -1,7 +1,10 @@
 """DraftModel: prefill, incremental decode and tree decode over the KV pool vs plain HF forwards.
 
 Tiny random-weight Qwen2 models (fp32) are built on the fly; the real converted 0.5B draft is
-checked too when its folder exists.
+checked too when its folder exists. Each test runs for the "torch" runtime (float32 here) and for
+"torch-int8" (`int8_model`), whose reference is the same HF model with the same int8 layers: its
+activations are quantised with one scale per call, so rows agree with their reference to that
+precision (`TOLERANCE`), not to float32's.
 """
 
 from __future__ import annotations
@@ -13,11 +16,14 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache, Qwen2Config, Qwen2ForCausalLM
 
 from sglang_ssd.speculator.draft_model import AttentionLayout, DraftModel
+from sglang_ssd.speculator.int8_model import Int8DraftModel, quantize_linears
 from sglang_ssd.speculator.packing import causal_segment, pack
 
 REAL_DRAFT = Path.home() / ".cache/sglang_ssd/models/qwen2.5-coder-0.5b-instruct"
 VOCAB = 128
 EMPTY = torch.zeros(0, dtype=torch.int64)
+# Per runtime: (atol, rtol) of its logits against its reference.
+TOLERANCE = {"torch": (1e-4, 1e-4), "torch-int8": (0.3, 0.0)}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -55,16 +61,37 @@ def tiny_path(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.fixture(scope="module", params=sorted(TOLERANCE))
+def runtime(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def reference(tiny_path) -> torch.nn.Module:
-    return AutoModelForCausalLM.from_pretrained(
+def reference(tiny_path, runtime) -> torch.nn.Module:
+    model = AutoModelForCausalLM.from_pretrained(
         tiny_path, dtype=torch.float32, attn_implementation="eager"
     ).eval()
+    return quantize_linears(model) if runtime == "torch-int8" else model
 
 
 @pytest.fixture
-def draft(tiny_path) -> DraftModel:
-    return DraftModel.load(tiny_path, dtype=torch.float32, num_slots=512)
+def draft(tiny_path, runtime) -> DraftModel:
+    if runtime == "torch":
+        return DraftModel.load(tiny_path, dtype=torch.float32, num_slots=512)
+    model = Int8DraftModel.load(tiny_path, dtype=torch.float32, num_slots=512)
+    model.quantize()
+    return model
+
+
+@pytest.fixture
+def close(runtime):
+    """`torch.testing.assert_close` at the runtime's tolerance."""
+    atol, rtol = TOLERANCE[runtime]
+
+    def check(actual: torch.Tensor, expected: torch.Tensor, msg: str | None = None) -> None:
+        torch.testing.assert_close(actual, expected, atol=atol, rtol=rtol, msg=msg)
+
+    return check
 
 
 @torch.no_grad()
@@ -105,17 +132,17 @@ def test_properties(draft):
     assert draft.kv_pool.k[0].shape == (512, 2, 16)
 
 
-def test_prefill_matches_hf_eager(draft, reference):
+def test_prefill_matches_hf_eager(draft, reference, close):
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, VOCAB, (n,), generator=gen).tolist() for n in (13, 1, 7)]
     _, logits = _prefill(draft, prompts)
     expected = torch.cat([_full_logits(reference, p) for p in prompts])
     assert logits.dtype == torch.float32 and logits.shape == (21, VOCAB)
-    torch.testing.assert_close(logits, expected, atol=1e-4, rtol=1e-4)
+    close(logits, expected)
     assert draft.forward_count == 1
 
 
-def test_logits_rows_selects_rows(draft, reference):
+def test_logits_rows_selects_rows(draft, reference, close):
     prompt = list(range(3, 20))
     slots = draft.kv_pool.alloc(len(prompt))
     rows = torch.tensor([16, 0, 5])
@@ -127,10 +154,10 @@ def test_logits_rows_selects_rows(draft, reference):
         logits_rows=rows,
     )
     assert logits.shape == (3, VOCAB)
-    torch.testing.assert_close(logits, _full_logits(reference, prompt)[rows], atol=1e-4, rtol=1e-4)
+    close(logits, _full_logits(reference, prompt)[rows])
 
 
-def test_incremental_decode_matches_full_forward(draft, reference):
+def test_incremental_decode_matches_full_forward(draft, reference, close):
     """Several requests decoded together, one token each per forward, through scattered slots."""
     pool = draft.kv_pool
     scatter = pool.alloc(64)
@@ -149,7 +176,7 @@ def test_incremental_decode_matches_full_forward(draft, reference):
             seq.append(int(tokens[r]))
             slots[r] = torch.cat([slots[r], new_slots[r]])
             expected = _full_logits(reference, seq)[-1]
-            torch.testing.assert_close(logits[r], expected, atol=1e-4, rtol=1e-4, msg=f"{step=}")
+            close(logits[r], expected, msg=f"{step=}")
     assert draft.forward_count == 1 + 6
 
 
@@ -203,7 +230,7 @@ def _tree_layout(
     )
 
 
-def test_tree_decode_step_matches_each_branch_alone(draft, reference):
+def test_tree_decode_step_matches_each_branch_alone(draft, reference, close):
     """THE key test: glue + fork + tree decode over many branches of several requests, one
     forward per depth, equals decoding every branch on its own with plain HF forwards."""
     gamma, depth = 3, 3
@@ -221,11 +248,9 @@ def test_tree_decode_step_matches_each_branch_alone(draft, reference):
         _causal_layout(prefix_slots, glue_slots),
     )
     for r, prefix in enumerate(prefixes):
-        torch.testing.assert_close(
+        close(
             glue_logits[r * gamma : (r + 1) * gamma],
             _full_logits(reference, prefix + glue[r])[-gamma:],
-            atol=1e-4,
-            rtol=1e-4,
         )
 
     # Fork: branches at different depths k in 0..gamma (several per depth, one at k = gamma).
@@ -258,9 +283,7 @@ def test_tree_decode_step_matches_each_branch_alone(draft, reference):
         for seqs in sequences:
             for seq in seqs:
                 expected = _full_logits(reference, seq)[-1]
-                torch.testing.assert_close(
-                    logits[row], expected, atol=1e-4, rtol=1e-4, msg=f"{step=} {row=}"
-                )
+                close(logits[row], expected, msg=f"{step=} {row=}")
                 seq.append(int(logits[row].argmax()))  # greedy continuation per branch
                 row += 1
     assert draft.forward_count - start == depth
