@@ -37,6 +37,9 @@ HEALTH_PATHS = ("/health_generate", "/health")
 # uvicorn's message when the HTTP port was taken; the server then waits forever to shut down.
 BIND_ERROR = b"error while attempting to bind on address"
 PORT_ATTEMPTS = 3
+# A start that failed (never served) is killed after this grace: SGLang, after uvicorn's bind
+# error, waits in "application shutdown" for as long as it is let.
+FAILED_START_GRACE_S = 3.0
 # Called with each server once it answers (`Server.start`): e.g. the test session records every
 # start-up's seconds for CI's cost report (tests/conftest.py, scripts/ci_times.py).
 START_LISTENERS: list[Callable[[Server], None]] = []
@@ -250,7 +253,7 @@ class Server:
         try:
             self._wait_ready(started, log_start)
         except BaseException:
-            self.stop(check_port=False)
+            self.stop(check_port=False, grace_s=FAILED_START_GRACE_S)
             raise
         self.info["startup_s"] = time.time() - started
         self.info["processes"] = self.processes()
@@ -271,6 +274,9 @@ class Server:
                     f"{self.name}: exited with status {self.proc.returncode} during startup\n"
                     + self.log_tail()
                 )
+            if not self._listening():
+                time.sleep(1.0)  # not bound yet, or the port is someone else's: no probe
+                continue
             for path in HEALTH_PATHS:
                 try:
                     r = requests.get(self.url + path, timeout=30)
@@ -284,6 +290,19 @@ class Server:
         raise ServerError(
             f"{self.name}: not ready after {self.startup_timeout:.0f} s\n" + self.log_tail()
         )
+
+    def _listening(self) -> bool:
+        """Whether one of the server's own processes listens on its port. Until then no
+        readiness probe is sent: when another program took the port first (SGLang draws its
+        internal ports at random), a probe would wait on that program for its whole timeout
+        instead of the next look at the log for the bind error."""
+        assert self.proc is not None
+        for pid in {self.proc.pid, *_group_pids(self.proc.pid), *_descendants(self.proc.pid)}:
+            with contextlib.suppress(psutil.Error):
+                for conn in psutil.Process(pid).net_connections(kind="tcp"):
+                    if conn.status == psutil.CONN_LISTEN and conn.laddr.port == self.port:
+                        return True
+        return False
 
     def processes(self) -> list[dict[str, Any]]:
         """The server's live processes with their observed CPU affinity."""
@@ -311,9 +330,10 @@ class Server:
         else:
             _signal_group(self.proc.pid, signal.SIGTERM)
 
-    def stop(self, check_port: bool = True) -> None:
-        """`terminate`, SIGKILL the group and every descendant left after `stop_grace` s, reap,
-        and (if `check_port`) raise `ServerError` unless the port is free and nothing is left."""
+    def stop(self, check_port: bool = True, grace_s: float | None = None) -> None:
+        """`terminate`, SIGKILL the group and every descendant left after `grace_s` s (default
+        `stop_grace`), reap, and (if `check_port`) raise `ServerError` unless the port is free
+        and nothing is left."""
         if self.proc is None:
             return
         pgid = self.proc.pid
@@ -321,7 +341,8 @@ class Server:
         pids = seen | set(_group_pids(pgid)) | set(_descendants(pgid)) | {pgid}
         if self._terminated_at is None:
             self.terminate()
-        deadline = (self._terminated_at or time.time()) + self.stop_grace
+        grace = self.stop_grace if grace_s is None else grace_s
+        deadline = (self._terminated_at or time.time()) + grace
         while time.time() < deadline and any(_alive(p) for p in pids):
             self._reap()
             time.sleep(0.2)

@@ -322,10 +322,14 @@ def test_port_taken_before_bind_is_retried_on_another_port(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A stand-in launcher: uvicorn's bind error (and a hang, as SGLang does) on the taken port,
-    # else a plain HTTP server whose /health answers 200.
+    # else a plain HTTP server whose /health answers 200. The port is taken by a listener that
+    # never answers (as a TCP store of SGLang's would): no readiness probe may go to it, or the
+    # probe would wait out its timeout before the bind error is seen.
     (tmp_path / "health").write_text("ok")
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
+        held.listen()
+        held.setblocking(False)
         taken = held.getsockname()[1]
         launcher = tmp_path / "launcher.sh"
         launcher.write_text(
@@ -349,3 +353,5 @@ def test_port_taken_before_bind_is_retried_on_another_port(
         )
         with pytest.raises(servers.PortInUse):
             pinned.start()
+        with pytest.raises(BlockingIOError):
+            held.accept()  # nothing connected to the other program's port
