@@ -98,9 +98,12 @@ def resolve(name: str, model_path: str, device: str = "cpu") -> str:
     if name == AUTO:
         if head:
             return HEAD_RUNTIME
-        from sglang_ssd.speculator.int8_model import int8_unavailable
-
-        reason = int8_unavailable(device)
+        try:
+            from sglang_ssd.speculator.int8_model import int8_unavailable
+        except ImportError as exc:  # a torch without torch.ao.quantization's dynamic layers
+            reason: str | None = f"torch-int8 needs torch.ao.quantization: {exc}"
+        else:
+            reason = int8_unavailable(device)
         if reason is None:
             return INT8_RUNTIME
         logger.info("draft runtime: torch (%s)", reason)

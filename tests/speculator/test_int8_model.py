@@ -8,6 +8,7 @@ as well as the float draft on the tiny pair, and it refuses what it cannot run o
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from torch.ao.nn.quantized.dynamic import Linear as DynamicInt8Linear
 
 from sglang_ssd.config import SSDConfig
 from sglang_ssd.draft_runtimes import LoadRequest
+from sglang_ssd.speculator import int8_model
 from sglang_ssd.speculator.draft_vocab import DraftVocab
 from sglang_ssd.speculator.engine import OutcomeIn, SpeculatorEngine
 from sglang_ssd.speculator.int8_model import Int8DraftModel, int8_unavailable
@@ -89,7 +91,16 @@ def test_it_refuses_a_gpu_and_names_the_flag(tiny_draft: Path) -> None:
         create_draft_runtime("torch-int8", _request(tiny_draft, "cuda:0"))
 
 
-def test_auto_picks_int8_on_the_cpu_and_bf16_torch_on_a_gpu(tiny_draft: Path) -> None:
+def test_auto_picks_int8_on_the_cpu_and_bf16_torch_on_a_gpu(
+    tiny_draft: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     assert resolve("auto", str(tiny_draft), "cpu") == "torch-int8"
     assert resolve("auto", str(tiny_draft), "cuda:0") == "torch"
     assert resolve("torch", str(tiny_draft), "cpu") == "torch"
+    # A torch without FBGEMM (or, later, without torch.ao's int8 layers): bf16 torch, and why.
+    monkeypatch.setattr(int8_model, "ENGINE", "an-engine-this-torch-lacks")
+    with caplog.at_level("INFO", logger="sglang_ssd.speculator.runtimes"):
+        assert resolve("auto", str(tiny_draft), "cpu") == "torch"
+    assert "needs torch's an-engine-this-torch-lacks kernels" in caplog.text
+    monkeypatch.setitem(sys.modules, "sglang_ssd.speculator.int8_model", None)
+    assert resolve("auto", str(tiny_draft), "cpu") == "torch"
