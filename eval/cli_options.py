@@ -1,14 +1,19 @@
-"""Command-line options the eval tools share, declared once: the model pair, the CPUs, γ and
-extra SSD flags (`python -m eval`'s subcommands, `eval.trace`, `eval.bench_speculator`,
-`eval.margin`, `eval.lossless`)."""
+"""Command-line options the eval tools share, declared once: the model pair, the CPUs, γ, extra
+SSD flags and the draft runtime (`python -m eval`'s subcommands, `eval.trace`,
+`eval.bench_speculator`, `eval.margin`, `eval.lossless`)."""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sglang_ssd.config import DEFAULT_LOOKAHEAD, parse_cpu_list
+from sglang_ssd.draft_runtimes import AUTO, NAMES
+
+if TYPE_CHECKING:
+    from sglang_ssd.speculator.runtimes import DraftRuntime
 
 
 def add_pair(parser: argparse.ArgumentParser) -> None:
@@ -34,3 +39,32 @@ def add_lookahead(parser: argparse.ArgumentParser, help: str = "γ for every con
 def add_ssd_args(parser: argparse.ArgumentParser) -> None:
     """`--ssd-args`: extra `--ssd-*` launcher flags for the SSD servers, one string."""
     parser.add_argument("--ssd-args", default="", help="extra --ssd-* flags for the SSD servers")
+
+
+def add_draft_runtime(parser: argparse.ArgumentParser) -> None:
+    """`--draft-runtime`: what runs the draft's forwards, as the server's `--ssd-draft-runtime`
+    (default auto: the server's default on this machine)."""
+    parser.add_argument(
+        "--draft-runtime", choices=NAMES, default=AUTO, help="as --ssd-draft-runtime (default auto)"
+    )
+
+
+def load_draft(
+    draft: str | Path, runtime: str, kv_slots: int, draft_vocab: int = 0
+) -> DraftRuntime:
+    """The draft runtime `runtime` of the folder `draft` on the CPU, as the speculator builds it
+    (bf16 where the runtime has a dtype; `kv_slots` pool tokens, at most half the free memory),
+    restricted to the `draft_vocab` most frequent ids when nonzero (`--ssd-draft-vocab`).
+
+    Raises:
+        ValueError: a runtime that cannot load the folder (`speculator.runtimes.resolve`).
+    """
+    from sglang_ssd.draft_runtimes import LoadRequest
+    from sglang_ssd.speculator.draft_vocab import for_model
+    from sglang_ssd.speculator.runtimes import create_draft_runtime
+
+    request = LoadRequest(str(draft), None, "cpu", "bfloat16", kv_slots, 0.5)
+    model = create_draft_runtime(runtime, request)
+    if draft_vocab:
+        model.use_vocab(for_model(str(draft), draft_vocab))
+    return model

@@ -4,11 +4,11 @@ T_p (DESIGN.md §1, Theorem 7) is the speculator's time to build the next round'
 of one target verify. Two worker subprocesses run at the same time, as SSD deploys them on two
 CPUs: each pins itself to one core (`os.sched_setaffinity`, `torch.set_num_threads(1)`) before it
 loads its model.
-- draft worker (0.5B, bf16, `SpeculatorEngine`, async, β = 1, geometric fan-out): the time of
-  `engine.build` (glue forward + D tree-decode forwards + fork/sample/populate) for fan-out budget
-  B, tree depth D and batch size b, in steady state: the draft being extended is a depth-D cache
-  hit, as in a hit round. Also the just-in-time draft (γ sequential one-token forwards, the SD
-  baseline's drafting cost) per b.
+- draft worker (0.5B through `--draft-runtime`, default the server's: int8 on a CPU;
+  `SpeculatorEngine`, async, β = 1, geometric fan-out): the time of `engine.build` (glue forward +
+  D tree-decode forwards + fork/sample/populate) for fan-out budget B, tree depth D and batch size
+  b, in steady state: the draft being extended is a depth-D cache hit, as in a hit round. Also the
+  just-in-time draft (γ sequential one-token forwards, the SD baseline's drafting cost) per b.
 - target worker (1.5B, bf16, transformers + `DynamicCache`): one verify of γ + 1 tokens per
   request (forward over [root, d_1..d_γ] on a ~`--prefix`-token prefix, then `saguaro.verify`),
   per b, repeated until the draft worker is done.

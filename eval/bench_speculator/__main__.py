@@ -33,8 +33,6 @@ from eval.bench_speculator.timing import (
 )
 from eval.cpuload import machine_busy_s, wait_for_load
 from eval.provenance import model_info, run_header
-from sglang_ssd.speculator.draft_model import DraftModel
-from sglang_ssd.speculator.draft_vocab import for_model
 
 RESULTS = Path("eval/results")
 
@@ -62,9 +60,10 @@ def run_worker(role: str, cpu: int, spec_path: Path, out: Path) -> None:
     prefixes = spec["prefixes"]
     t0 = time.perf_counter()
     if role == "draft":
-        model = DraftModel.load(spec["draft"], num_slots=spec["kv_slots"])
-        if spec.get("draft_vocab"):
-            model.use_vocab(for_model(spec["draft"], spec["draft_vocab"]))
+        model = cli_options.load_draft(
+            spec["draft"], spec.get("draft_runtime", "torch"), spec["kv_slots"],
+            spec.get("draft_vocab", 0),
+        )  # fmt: skip
         load_s = time.perf_counter() - t0
         watch = Stopwatch([_barrier(sync_dir, "draft", "target")])
         result: Any = bench_draft(
@@ -135,6 +134,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--draft-vocab", type=int, default=0, help="reduced draft vocabulary N (0 = all)"
     )
+    cli_options.add_draft_runtime(parser)
     parser.add_argument("--wait-load", type=float, help="wait until the 1-min load is below")
     parser.add_argument("--max-wait", type=float, default=3600.0)
     parser.add_argument("--out", type=Path, default=RESULTS / "bench-speculator.json")
@@ -237,6 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "temperature": a.temperature,
         "kv_slots": a.kv_slots,
         "draft_vocab": a.draft_vocab,
+        "draft_runtime": a.draft_runtime,
     }
     run = run_workers(spec, {"target": a.target_cpu, "draft": a.draft_cpu})
     if run is None:

@@ -20,7 +20,7 @@ Floors (`floors`): the weight bytes one forward streams (bf16 layers + the reduc
 its multiply-adds, from the model's shapes.
 
 Usage: python -m eval.bench_speculator.forward_split [--rows 1 8] [--depth 4] [--repeats 9]
-    [--cpu 1] [--draft PATH] [--draft-runtime torch] [--out eval/results/forward-split.json]
+    [--cpu 1] [--draft PATH] [--draft-runtime auto] [--out eval/results/forward-split.json]
 """
 
 from __future__ import annotations
@@ -43,7 +43,6 @@ from eval import cli_options
 from eval.bench_speculator.timing import make_prefixes
 from eval.sampling import Sampling
 from sglang_ssd.config import DEFAULT_DRAFT_VOCAB, SSDConfig
-from sglang_ssd.draft_runtimes import RUNTIMES, LoadRequest
 from sglang_ssd.speculator.draft_model import ATTN_IMPLEMENTATION, DraftModel
 from sglang_ssd.speculator.engine import OutcomeIn, SpeculatorEngine
 
@@ -319,26 +318,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--draft-vocab", type=int, default=DEFAULT_DRAFT_VOCAB, help="as --ssd-draft-vocab"
     )
-    parser.add_argument(
-        "--draft-runtime", default="torch", choices=sorted(RUNTIMES), help="as --ssd-draft-runtime"
-    )
+    cli_options.add_draft_runtime(parser)
     parser.add_argument("--out", type=Path, default=RESULTS / "forward-split.json")
     a = parser.parse_args(argv)
 
     from eval import datasets
     from eval.configs import model_dirs
     from eval.provenance import model_info, run_header
-    from sglang_ssd.speculator.draft_vocab import for_model
-    from sglang_ssd.speculator.runtimes import create_draft_runtime
 
     target_dir, draft_dir = model_dirs(a.target, a.draft)
     prompts = datasets.load_prompts(datasets.HUMANEVAL, datasets.load_tokenizer(target_dir), 4)
     (prefix,) = make_prefixes([p.input_ids for p in prompts], 1, a.prefix)
     with _pinned(a.cpu):
-        request = LoadRequest(str(draft_dir), None, "cpu", "bfloat16", 8192, 0.5)
-        model = create_draft_runtime(a.draft_runtime, request)
-        if a.draft_vocab:
-            model.use_vocab(for_model(draft_dir, a.draft_vocab))
+        model = cli_options.load_draft(draft_dir, a.draft_runtime, 8192, a.draft_vocab)
         runs = [measure(model, prefix, rows, a.depth, a.repeats) for rows in a.rows]
     rows = [summarize(run, model) for run in runs]
     report = {
