@@ -60,11 +60,11 @@ def load_draft(
         ValueError: a runtime that cannot load the folder (`speculator.runtimes.resolve`).
     """
     from sglang_ssd.draft_runtimes import LoadRequest
-    from sglang_ssd.speculator.draft_vocab import for_model
+    from sglang_ssd.speculator import draft_vocab as vocabs
     from sglang_ssd.speculator.runtimes import create_draft_runtime
 
     request = LoadRequest(str(draft), None, "cpu", "bfloat16", kv_slots, 0.5)
     model = create_draft_runtime(runtime, request)
     if draft_vocab:
-        model.use_vocab(for_model(str(draft), draft_vocab))
+        vocabs.install(model, draft, draft_vocab)
     return model

@@ -129,6 +129,12 @@ def _descendants(pid: int) -> list[int]:
         return []
 
 
+def _family(pgid: int) -> set[int]:
+    """The live processes of a server started as group leader `pgid`: its group and every
+    descendant (a child may have left the group)."""
+    return set(_group_pids(pgid)) | set(_descendants(pgid))
+
+
 def _alive(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
@@ -297,7 +303,7 @@ class Server:
         internal ports at random), a probe would wait on that program for its whole timeout
         instead of the next look at the log for the bind error."""
         assert self.proc is not None
-        for pid in {self.proc.pid, *_group_pids(self.proc.pid), *_descendants(self.proc.pid)}:
+        for pid in _family(self.proc.pid):
             with contextlib.suppress(psutil.Error):
                 for conn in psutil.Process(pid).net_connections(kind="tcp"):
                     if conn.status == psutil.CONN_LISTEN and conn.laddr.port == self.port:
@@ -308,7 +314,7 @@ class Server:
         """The server's live processes with their observed CPU affinity."""
         if self.proc is None:
             return []
-        pids = sorted(set(_group_pids(self.proc.pid)) | set(_descendants(self.proc.pid)))
+        pids = sorted(_family(self.proc.pid))
         return [{"pid": p, "comm": _comm_of(p), "cpus": _affinity_of(p)} for p in pids]
 
     def log_tail(self, lines: int = 40) -> str:
@@ -338,7 +344,7 @@ class Server:
             return
         pgid = self.proc.pid
         seen = {p["pid"] for p in self.info.get("processes", [])}
-        pids = seen | set(_group_pids(pgid)) | set(_descendants(pgid)) | {pgid}
+        pids = seen | _family(pgid) | {pgid}
         if self._terminated_at is None:
             self.terminate()
         grace = self.stop_grace if grace_s is None else grace_s

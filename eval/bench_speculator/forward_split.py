@@ -232,32 +232,26 @@ def _op_self_times(event: Any) -> Iterator[float]:
         yield from _op_self_times(child)
 
 
-def _weight_bytes(module: torch.nn.Module) -> tuple[int, int]:
-    """(elements, bytes) of a linear layer's weight, float or int8."""
-    weight = module.weight() if isinstance(module, DynamicInt8Linear) else module.weight
-    return weight.numel(), weight.numel() * weight.element_size()
+def _weight(module: torch.nn.Module) -> torch.Tensor:
+    """A linear layer's weight, float or int8."""
+    return module.weight() if isinstance(module, DynamicInt8Linear) else module.weight
 
 
 def floors(model: DraftModel, rows: int) -> dict[str, float]:
     """Weight bytes one forward streams and its multiply-adds (projections + LM head rows).
 
     Returns:
-        {"weight_mb": MB of layer and LM-head weights (in the runtime's own precision), "gmacs":
-        1e9 multiply-adds of their matmuls at `rows` rows (attention's are negligible at these
-        context lengths)}.
+        {"weight_mb": MB of layer and LM-head weights (in the runtime's own precision, which
+        its LM head shares), "gmacs": 1e9 multiply-adds of their matmuls at `rows` rows
+        (attention's are negligible at these context lengths)}.
     """
-    layers = [
-        _weight_bytes(m)
-        for m in model.hf.modules()
-        if isinstance(m, LINEARS) and m is not model.lm_head
+    weights = [
+        _weight(m) for m in model.hf.modules() if isinstance(m, LINEARS) and m is not model.lm_head
     ]
-    head_module = model._head() if hasattr(model, "_head") else model.lm_head
     head_rows = model.vocab.size if model.vocab is not None else model.vocab_size
-    head_elements, head_bytes = _weight_bytes(head_module)
-    head_bytes = head_bytes * head_rows // max(head_elements // model.lm_head.weight.shape[1], 1)
-    elements = sum(n for n, _ in layers) + head_rows * model.lm_head.weight.shape[1]
-    weight_bytes = sum(b for _, b in layers) + head_bytes
-    return {"weight_mb": weight_bytes / 1e6, "gmacs": rows * elements / 1e9}
+    elements = sum(w.numel() for w in weights) + head_rows * model.lm_head.weight.shape[1]
+    size = weights[0].element_size()
+    return {"weight_mb": elements * size / 1e6, "gmacs": rows * elements / 1e9}
 
 
 def summarize(run: dict[str, Any], model: DraftModel) -> dict[str, Any]:

@@ -107,10 +107,9 @@ class Int8DraftModel(DraftModel):
 
     def quantize(self) -> None:
         """Replace the decoder's linear layers by int8 ones, in place; the int8 LM head is
-        built at the first forward (the speculator sets its draft vocabulary before that, so
-        the full head's rows are never quantised for nothing)."""
+        built at the first forward (`_head`: the speculator sets its draft vocabulary before
+        that, so the full head's rows are never quantised for nothing)."""
         quantize_linears(self.base)
-        self.use_vocab(self.vocab)
 
     def use_vocab(self, vocab: DraftVocab | None) -> None:
         """As `DraftModel.use_vocab`; the head that runs is int8 (over the kept rows).
