@@ -3,7 +3,7 @@
 A `Server` owns one server: a free port, optional CPU pinning (`os.sched_setaffinity` in the
 child before exec, plus `OMP_NUM_THREADS` and `SGLANG_CPU_OMP_THREADS_BIND`, which SGLang's CPU
 engine uses to re-bind its OpenMP threads), a log file, a readiness wait on `/health_generate`,
-and a stop that ends the whole process group (SIGTERM to the launcher, SIGKILL for anything
+and a stop that ends the whole process group (SIGINT to the launcher, SIGKILL for anything
 left after a grace period) and checks the port is free again.
 
 Why the process group: SGLang's launcher forks a scheduler, a detokenizer and a multiprocessing
@@ -40,6 +40,13 @@ PORT_ATTEMPTS = 3
 # A start that failed (never served) is killed after this grace: SGLang, after uvicorn's bind
 # error, waits in "application shutdown" for as long as it is let.
 FAILED_START_GRACE_S = 3.0
+# How `terminate` asks a server to exit: Ctrl-C's signal. Under SIGTERM SGLang's tokenizer manager
+# drains first and notices the signal only at its next 5 s poll (`sigterm_watchdog`,
+# sglang/srt/managers/tokenizer_manager.py:3508-3510): a stop took 5.0 s against 0.4 s under
+# SIGINT, where uvicorn stops at once and SGLang kills its process tree. The servers here are
+# stopped when idle, so there is nothing to drain; tests/integration/test_ssd_shutdown.py checks
+# that both signals stop every process and free every port.
+STOP_SIGNAL = signal.SIGINT
 # Called with each server once it answers (`Server.start`): e.g. the test session records every
 # start-up's seconds for CI's cost report (tests/conftest.py, scripts/ci_times.py).
 START_LISTENERS: list[Callable[[Server], None]] = []
@@ -325,16 +332,16 @@ class Server:
         return "\n".join(line[:300] for line in text[-lines:])
 
     def terminate(self) -> None:
-        """Ask the server to exit without waiting: SIGTERM to the launcher, which drains and
-        kills its children (SGLang's graceful path), or to the whole group if the launcher is
-        already gone. `stop` waits, escalates to SIGKILL and checks."""
+        """Ask the server to exit without waiting: `STOP_SIGNAL` to the launcher, which kills
+        its children (SGLang's Ctrl-C path), or to the whole group if the launcher is already
+        gone. `stop` waits, escalates to SIGKILL and checks."""
         if self.proc is None or self._terminated_at is not None:
             return
         self._terminated_at = time.time()
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            self.proc.send_signal(STOP_SIGNAL)
         else:
-            _signal_group(self.proc.pid, signal.SIGTERM)
+            _signal_group(self.proc.pid, STOP_SIGNAL)
 
     def stop(self, check_port: bool = True, grace_s: float | None = None) -> None:
         """`terminate`, SIGKILL the group and every descendant left after `grace_s` s (default
@@ -363,6 +370,7 @@ class Server:
                     os.kill(p, signal.SIGKILL)
         self._reap(block=True)
         self.info["stopped_at"] = time.time()
+        self.info["stop_s"] = self.info["stopped_at"] - (self._terminated_at or time.time())
         self.info["killed_after_grace"] = bool(survivors)
         leftover = [p for p in pids if _alive(p)]
         port = self.port

@@ -303,6 +303,10 @@ def test_no_orphans_and_ports_free(tiny_run: dict[str, Any]) -> None:
         for p in server["processes"]:
             assert not servers._alive(p["pid"]), p
         assert servers.port_is_free(server["port"])
+        # Stopped through Ctrl-C's path (`servers.STOP_SIGNAL`), not SGLang's SIGTERM drain,
+        # which notices the signal only at its next 5 s poll.
+        assert "SIGTERM received" not in Path(server["log_path"]).read_text(errors="replace")
+        assert not server["killed_after_grace"] and server["stop_s"] >= 0
 
 
 def test_failed_start_raises_with_log_and_cleans_up(tmp_path: Path) -> None:
