@@ -17,6 +17,16 @@ from typing import Any
 import psutil
 
 VERSIONED = ("torch", "sglang", "transformers", "tokenizers", "sglang-ssd", "sgl-kernel")
+# Environment variables that cap the instruction set the kernels use below what lscpu reports:
+# torch's own kernels, oneDNN (bf16/fp32 linear), MKL and FBGEMM (the int8 draft runtime). With
+# all four at AVX2 an AVX-512 machine runs the AVX2 code paths (an emulated AVX2-only machine:
+# same cores and memory, so its figures are not the AVX2 machine's).
+ISA_CAPS = (
+    "ATEN_CPU_CAPABILITY",
+    "ONEDNN_MAX_CPU_ISA",
+    "MKL_ENABLE_INSTRUCTIONS",
+    "FBGEMM_ENABLE_INSTRUCTIONS",
+)
 
 
 def _run(cmd: list[str], cwd: Path | None = None) -> str | None:
@@ -63,12 +73,19 @@ def versions() -> dict[str, str | None]:
     return out
 
 
+def isa_caps() -> dict[str, str]:
+    """The `ISA_CAPS` variables set in this process's environment (empty: none capped)."""
+    return {name: os.environ[name] for name in ISA_CAPS if name in os.environ}
+
+
 def machine_info() -> dict[str, Any]:
-    """CPU model and ISA flags, core counts, memory, load, OS and package versions."""
+    """CPU model and ISA flags, core counts, memory, load, OS and package versions, and the
+    instruction-set caps in force (`isa_caps`)."""
     return {
         "hostname": platform.node(),
         "platform": platform.platform(),
         "lscpu": _lscpu(),
+        "isa_caps": isa_caps(),
         "cpu_count": os.cpu_count(),
         "affinity": sorted(os.sched_getaffinity(0)),
         "memory": _meminfo(),

@@ -166,8 +166,16 @@ def test_quiet_waits_return_at_once_on_a_quiet_machine() -> None:
     assert quiet["available_gb"] > 0
 
 
-def test_machine_descriptions() -> None:
+def test_machine_descriptions(monkeypatch: pytest.MonkeyPatch) -> None:
     assert set(provenance.cpu_summary()) == {"cpu", "logical_cpus", "torch", "python", "platform"}
+    for name in provenance.ISA_CAPS:
+        monkeypatch.delenv(name, raising=False)
+    assert provenance.machine_info()["isa_caps"] == {}
+    # A result measured with the kernels capped at AVX2 says so beside lscpu's flags.
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    monkeypatch.setenv("FBGEMM_ENABLE_INSTRUCTIONS", "AVX2")
+    caps = provenance.machine_info()["isa_caps"]
+    assert caps == {"ONEDNN_MAX_CPU_ISA": "AVX2", "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2"}
     memory = provenance.machine_info()["memory"]
     assert set(memory) == {"MemTotal_kB", "MemAvailable_kB"}
     assert 0 < memory["MemAvailable_kB"] <= memory["MemTotal_kB"]
