@@ -9,8 +9,8 @@ and lists their answers (`combine`). Requests and replies are typed msgpack mess
 (`AdminRequest` / `AdminReply` in `sglang_ssd.transport.admin_messages`), never pickle. The main
 process adds the routes to SGLang's FastAPI app and forwards each call
 (`sglang_ssd.integration.admin_routes`). Live changes (`LiveSettings`, generated from
-`SSDConfig`'s declarations) go through `SpeculatorClient.configure`, which takes the client's
-lock (so they land between rounds) and tells the speculator.
+`SSDConfig`'s declarations) go through `SpeculatorAdmin.configure`, which takes the speculator
+client's lock (so they land between rounds), tells the round planner and the speculator.
 """
 
 from __future__ import annotations
@@ -21,11 +21,12 @@ import logging
 import os
 import tempfile
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from sglang_ssd.config import LIVE_FIELDS, SSDConfig, SSDConfigError
+from sglang_ssd.saguaro import Backup, FallbackPolicy
 from sglang_ssd.transport.admin_messages import (
     AdminReply,
     AdminRequest,
@@ -38,6 +39,10 @@ from sglang_ssd.transport.messages import (
 from sglang_ssd.transport.wire import (
     LiveSettings,
 )
+
+if TYPE_CHECKING:
+    from sglang_ssd.worker.speculator_client import SpeculatorClient
+    from sglang_ssd.worker.ssd_worker import SSDWorker
 
 logger = logging.getLogger(__name__)
 
@@ -66,15 +71,11 @@ def admin_addresses(port_args: Any, dp_size: int) -> list[str]:
 
 
 # ------------------------------------------------------------------ scheduler side
-def _config(worker: Any) -> SSDConfig:
-    """The settings in force: the speculator client's copy is the one live changes update."""
-    return worker.provider.config
-
-
-def settings(worker: Any) -> SSDConfig:
-    """The SSD settings in force; `tree_depth` None (or 0) means self-tuned: the D in force is
-    `/ssd/stats`' `speculator.tree_depth`."""
-    return _config(worker)
+def settings(worker: SSDWorker) -> SSDConfig:
+    """The SSD settings in force (`SpeculatorAdmin.config`, the copy live changes update);
+    `tree_depth` None (or 0) means self-tuned: the D in force is `/ssd/stats`'
+    `speculator.tree_depth`."""
+    return worker.speculator_admin.config
 
 
 def scheduler_load(scheduler: Any) -> dict[str, float]:
@@ -86,14 +87,14 @@ def scheduler_load(scheduler: Any) -> dict[str, float]:
     }
 
 
-def stats(worker: Any, scheduler: Any = None) -> dict[str, Any]:
+def stats(worker: SSDWorker, scheduler: Any = None) -> dict[str, Any]:
     """Per-round averages on both sides (and by phase: `target_phases`, `speculator_phases`,
-    `t_p`), cache hit rate, backup rounds, faults and restarts, the
-    miss policy's b* (`fallback`), the speculator's and the client's counters (`speculator`),
-    the DP replica that answers (`dp_rank`) and, given the `scheduler`, its running and waiting
+    `t_p`), cache hit rate, backup rounds, faults and restarts, the miss policy's b*
+    (`fallback`), the speculator's, the client's and the planner's counters (`speculator`), the
+    DP replica that answers (`dp_rank`) and, given the `scheduler`, its running and waiting
     requests."""
     out: dict[str, Any] = _timer_summary(worker.timer)
-    out["dp_rank"] = getattr(worker, "dp_rank", 0)
+    out["dp_rank"] = worker.dp_rank
     groups = (
         ("source_", "rounds_by_source"),
         ("accepted_", "accepted_by_source"),
@@ -103,7 +104,7 @@ def stats(worker: Any, scheduler: Any = None) -> dict[str, Any]:
         grouped = {k[len(prefix) :]: v for k, v in out.items() if k.startswith(prefix)}
         out = {k: v for k, v in out.items() if not k.startswith(prefix)}
         out[key] = grouped
-    speculator = dict(worker.provider.stats())
+    speculator = {**worker.speculator_admin.stats(), **worker.planner.stats()}
     steps = max(speculator.get("steps", 0.0), 1.0)
     for name in ("build_s", "lookup_s", "backup_s", "send_s"):
         if name in speculator:
@@ -118,17 +119,17 @@ def stats(worker: Any, scheduler: Any = None) -> dict[str, Any]:
     out["plain_rounds"] = {
         k: plain[k] for k in ("rounds", "request_rounds", "avg_forward_s") if k in plain
     }
-    out.update(round_balance(out["target_phases"], worker.provider))
+    out.update(round_balance(out["target_phases"], worker.speculator_client))
     if scheduler is not None:
         out.update(scheduler_load(scheduler))
     try:
-        out["fallback"] = fallback(worker.provider.policy)
+        out["fallback"] = fallback(worker.planner.policy)
     except Exception as exc:  # the scheduler thread may be updating it: keep the counters
         out["fallback"] = {"error": f"{type(exc).__name__}: {exc}"}
     return out
 
 
-def round_balance(target_phases: dict[str, float], client: Any) -> dict[str, Any]:
+def round_balance(target_phases: dict[str, float], client: SpeculatorClient) -> dict[str, Any]:
     """The speculator's seconds by phase per round (`speculator_phases`), its round
     (`speculator_round_s`), the target's round without waiting for drafts (`target_round_s`)
     and their ratio `t_p`: the speculator keeps up when T_p <= 1 (DESIGN.md §1, Theorem 7)."""
@@ -143,12 +144,12 @@ def round_balance(target_phases: dict[str, float], client: Any) -> dict[str, Any
     }
 
 
-def fallback(policy: Any) -> dict[str, Any]:
+def fallback(policy: FallbackPolicy) -> dict[str, Any]:
     """The cache-miss policy's state: its mode, b* as set and b* that `auto` would pick from the
     current measurements (the same as b* in auto mode; what a forced backup is compared with)."""
     auto = copy.copy(policy)  # shallow: reads the live estimates, changes only the copy's mode
     auto.mode = "auto"
-    mode = getattr(policy.mode, "value", policy.mode)
+    mode = policy.mode.value if isinstance(policy.mode, Backup) else policy.mode
     return {
         "mode": mode,
         "batch_threshold": policy.batch_threshold(),
@@ -156,7 +157,7 @@ def fallback(policy: Any) -> dict[str, Any]:
         "p_hit": policy.p_hit,
         "alpha_hit": policy.alpha_hit,
         "backups": {
-            getattr(k, "value", k): {"alpha": v.alpha, "latency_s": v.latency}
+            Backup(k).value: {"alpha": v.alpha, "latency_s": v.latency}
             for k, v in dict(policy.backups).items()
         },
     }
@@ -174,16 +175,16 @@ def _timer_summary(timer: Any, attempts: int = 3) -> dict[str, Any]:
     return {}
 
 
-def configure(worker: Any, changes: LiveSettings) -> AdminReply:
+def configure(worker: SSDWorker, changes: LiveSettings) -> AdminReply:
     """Apply live changes; the reply holds what the speculator acknowledged and the settings now
     in force.
 
     Raises:
         AdminError: 400 for values `SSDConfig` refuses and for more fan-out than the
-            speculator can hold (`SpeculatorClient.configure` checks before changing anything).
+            speculator can hold (`SpeculatorAdmin.configure` checks before changing anything).
     """
     try:
-        ack = worker.provider.configure(Configure(changes=changes))
+        ack = worker.speculator_admin.configure(Configure(changes=changes))
     except SSDConfigError as exc:
         raise AdminError(400, str(exc)) from None
     logger.info("SSD: settings changed at run time: %s (speculator: %s)", changes, ack)
@@ -194,7 +195,7 @@ def configure(worker: Any, changes: LiveSettings) -> AdminReply:
     )
 
 
-def handle(worker: Any, frame: bytes, scheduler: Any = None) -> AdminReply:
+def handle(worker: SSDWorker, frame: bytes, scheduler: Any = None) -> AdminReply:
     """Answer one encoded `AdminRequest` for `worker` (and its `scheduler`, whose load the stats
     report); failures become the reply's status."""
     try:
@@ -216,7 +217,7 @@ def handle(worker: Any, frame: bytes, scheduler: Any = None) -> AdminReply:
         return AdminReply(status=500, error=f"{type(exc).__name__}: {exc}"[:4096])
 
 
-def reply_frame(worker: Any, frame: bytes, scheduler: Any = None) -> bytes:
+def reply_frame(worker: SSDWorker, frame: bytes, scheduler: Any = None) -> bytes:
     """`handle`, encoded: a reply that cannot be encoded is answered as a 500."""
     reply = handle(worker, frame, scheduler)
     try:
@@ -230,7 +231,7 @@ class AdminServer:
     """Serves `handle` for one SSD worker (and its scheduler) on a ZMQ REP socket in a daemon
     thread."""
 
-    def __init__(self, worker: Any, address: str, scheduler: Any = None) -> None:
+    def __init__(self, worker: SSDWorker, address: str, scheduler: Any = None) -> None:
         self.worker = worker
         self.address = address
         self.scheduler = scheduler
@@ -258,10 +259,10 @@ class AdminServer:
             socket.send(reply_frame(self.worker, socket.recv(), self.scheduler))
 
 
-def start_admin_server(worker: Any, port_args: Any, scheduler: Any = None) -> AdminServer:
+def start_admin_server(worker: SSDWorker, port_args: Any, scheduler: Any = None) -> AdminServer:
     """Bind the admin socket for `worker` of `scheduler` (call once, in the scheduler process;
     the address names the worker's `dp_rank`)."""
-    address = admin_address(port_args, getattr(worker, "dp_rank", 0))
+    address = admin_address(port_args, worker.dp_rank)
     return AdminServer(worker, address, scheduler).start()
 
 

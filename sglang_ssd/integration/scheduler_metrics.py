@@ -16,10 +16,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sglang_ssd.integration.registration import is_ssd
 from sglang_ssd.phases import largest
+
+if TYPE_CHECKING:
+    from sglang_ssd.worker.metrics import RoundTimer
+    from sglang_ssd.worker.planner import RoundPlanner
+    from sglang_ssd.worker.speculator_client import SpeculatorClient
 
 DECODE_LOGGER = "sglang.srt.managers.scheduler_components.metrics_reporter"
 GAUGES: dict[str, str] = {
@@ -50,7 +55,7 @@ class Window:
     speculator_rounds: int = 0  # Drafts received
     speculator_phases: dict[str, float] = field(default_factory=dict)
     tree_depth: int = 0  # the D in force at the report (self-tuned or pinned); 0: unknown
-    plain_rounds: int = 0  # rounds without speculation (`RoundModePolicy`)
+    plain_rounds: int = 0  # rounds without speculation (`RoundPlanner.plain_rounds`)
 
     def values(self) -> dict[str, float]:
         """Per-round means and per-request-round rates (0 for an empty window)."""
@@ -95,7 +100,9 @@ class WindowTracker:
 
     last: Window = field(default_factory=Window)
 
-    def take(self, timer: Any, client: Any = None) -> Window:
+    def take(self, timer: RoundTimer, client: SpeculatorClient, planner: RoundPlanner) -> Window:
+        """The window since the previous call (the first: since start); `planner` gives the D
+        in force and the plain rounds chosen."""
         target = dict(timer.phases.seconds)
         now = Window(
             rounds=timer.rounds,
@@ -105,10 +112,10 @@ class WindowTracker:
             verify_s=timer.verify_s,
             forward_s=timer.forward_s,
             target_busy_s=sum(target.values()) - target.get("wait_draft", 0.0),
-            speculator_rounds=getattr(client, "drafts_received", 0),
-            speculator_phases=dict(client.speculator_phases.seconds) if client else {},
-            tree_depth=int(getattr(client, "tree_depth", 0)),
-            plain_rounds=_plain_rounds(client),
+            speculator_rounds=client.drafts_received,
+            speculator_phases=dict(client.speculator_phases.seconds),
+            tree_depth=planner.tree_depth,
+            plain_rounds=planner.plain_rounds,
         )
         last, self.last = self.last, now
         return Window(
@@ -126,12 +133,6 @@ class WindowTracker:
             tree_depth=now.tree_depth,
             plain_rounds=now.plain_rounds - last.plain_rounds,
         )
-
-
-def _plain_rounds(client: Any) -> int:
-    """Plain rounds chosen so far by the client's `RoundModePolicy` (0 without one)."""
-    policy = getattr(client, "round_mode", None)
-    return int(policy.stats()["plain_rounds"]) if policy is not None else 0
 
 
 class DecodeLineFilter(logging.Filter):
@@ -181,16 +182,19 @@ _state: DecodeReportState | None = None
 def report_decode_stats(original: Callable[..., Any], reporter: Any, *args: Any, **kwargs: Any):
     """Hook (AROUND `SchedulerMetricsReporter.report_decode_stats`), see the module docstring."""
     global _state
-    worker = getattr(reporter.scheduler, "draft_worker", None)
-    timer = getattr(worker, "timer", None)
     due = reporter.forward_ct_decode % reporter.decode_log_interval == 0
-    # TP ranks other than 0 hold no speculator client (`SSDWorker.leads`): SGLang's own report.
-    leads = getattr(worker, "provider", None) is not None
-    if timer is None or not due or not leads or not is_ssd(reporter.scheduler.spec_algorithm):
+    if not due or not is_ssd(reporter.scheduler.spec_algorithm):
         return original(reporter, *args, **kwargs)
+    from sglang_ssd.worker.ssd_worker import SSDWorker
+
+    worker = reporter.scheduler.draft_worker
+    # TP ranks other than 0 hold no speculator client (`SSDWorker.leads`): SGLang's own report.
+    if not isinstance(worker, SSDWorker) or worker.speculator_client is None:
+        return original(reporter, *args, **kwargs)
+    client, planner = worker.speculator_client, worker.planner
     if _state is None:
         _state = DecodeReportState()
-    window = _state.tracker.take(timer, getattr(worker, "provider", None))
+    window = _state.tracker.take(worker.timer, client, planner)
     _state.filter.suffix = window.log_suffix()
     try:
         return original(reporter, *args, **kwargs)
@@ -199,6 +203,6 @@ def report_decode_stats(original: Callable[..., Any], reporter: Any, *args: Any,
         collector = getattr(reporter, "metrics_collector", None)
         if reporter.current_scheduler_metrics_enabled and collector is not None:
             values = window.values()
-            values["speculator_faults"] = float(worker.provider.faults)
-            values["speculator_restarts"] = float(worker.provider.restarts)
+            values["speculator_faults"] = float(client.supervisor.faults)
+            values["speculator_restarts"] = float(client.supervisor.restarts)
             _state.set_gauges(dict(collector.labels), values)

@@ -1,8 +1,9 @@
 """Where the target's drafts come from: the `DraftSupplier` protocol and the target's own n-gram
 drafts (`LocalNgramProvider`), used while the speculator is unavailable.
 
-The speculator process's drafts come through `speculator_client.SpeculatorClient`, which is a
-`DraftSupplier` too and adds the request lifecycle (prepare, outcomes, close, reset, shutdown).
+The speculator process's drafts come through `speculator_client.SpeculatorClient`, which falls
+back to `LocalNgramProvider` and adds the request lifecycle (prepare, outcomes, close, reset,
+shutdown).
 """
 
 from __future__ import annotations

@@ -1,14 +1,16 @@
 """The target side of SSD inside SGLang's scheduler: `SSDWorker`.
 
-Per decode round (DESIGN.md §1–2): obtain each request's draft from the `SpeculatorClient` (the
-speculator process's drafts, or the target's own n-gram drafts while it is down), run one
+Per decode round (DESIGN.md §1–2): ask the `RoundPlanner` what the round does, obtain each
+request's draft from the `SpeculatorClient` (the speculator process's drafts, or the target's
+own n-gram drafts while it is down), run one
 TARGET_VERIFY forward of the target over γ + 1 chain positions, verify with
 `sglang_ssd.saguaro.verify` only (never SGLang's EAGLE verify, which is greedy on CPU), and
 hand SGLang's spec-v2 scheduler the accepted tokens; the outcomes go to the speculator with
 the next round's request. Prefill batches run the target as usual.
 
-With `--tp-size N` only TP rank 0 holds the `SpeculatorClient` (one speculator per TP group):
-it plans each round and verifies, and the other ranks follow its broadcasts (`tp_sync`).
+With `--tp-size N` only TP rank 0 holds the `SpeculatorClient`, its `SpeculatorAdmin` and the
+`RoundPlanner` (one speculator per TP group): it plans each round and verifies, and the other
+ranks follow its broadcasts (`tp_sync`).
 """
 
 from __future__ import annotations
@@ -37,8 +39,10 @@ from sglang_ssd.saguaro import SamplingBatch, filter_order
 from sglang_ssd.worker.draft_batch import DraftBatch
 from sglang_ssd.worker.feature_buffer import extend_features, verify_features
 from sglang_ssd.worker.metrics import RoundTimer, count_request_rounds
+from sglang_ssd.worker.planner import RoundPlanner
 from sglang_ssd.worker.request_options import shape_verify_logits
-from sglang_ssd.worker.round_mode import RoundMode, record_request_tokens, request_accept_length
+from sglang_ssd.worker.round_mode import RoundMode, record_request_tokens
+from sglang_ssd.worker.speculator_admin import SpeculatorAdmin, speculator_config
 from sglang_ssd.worker.speculator_client import SpeculatorClient
 from sglang_ssd.worker.tp_sync import RoundPlan, TpGroup, share_outcome, share_plan
 from sglang_ssd.worker.verify_input import SSDVerifyInput, build_verify_input
@@ -84,7 +88,9 @@ class SSDWorker(BaseSpecWorker):
         self.dp_rank = _dp_rank()  # this scheduler's DP replica: its own speculator and socket
         # Started by `alloc_memory_pool`, once the target's capacity (which sizes the
         # speculator's KV pool) is known; None on TP ranks other than 0 (they follow rank 0).
-        self.provider: SpeculatorClient | None = None
+        self.speculator_client: SpeculatorClient | None = None
+        self.speculator_admin: SpeculatorAdmin | None = None  # live settings and counters
+        self.planner: RoundPlanner | None = None  # each round's mode, backup and tree depth
         # Phases synchronise the target's device at their boundaries on CUDA (GPU time).
         self.timer = RoundTimer(phases=PhaseTimer.for_device(self.device))  # speculative rounds
         # Plain rounds (no draft, cores lent).
@@ -113,8 +119,14 @@ class SSDWorker(BaseSpecWorker):
             return
         runner = self.model_runner
         device = str(self.device)
-        self.provider = SpeculatorClient(
-            self.config,
+        capacity = TargetCapacity(
+            max_total_tokens=int(runner.max_total_num_tokens),
+            max_running_requests=int(runner.max_running_requests),
+            context_len=int(runner.model_config.context_len),
+        )
+        self.planner = RoundPlanner(self.config)
+        self.speculator_client = SpeculatorClient(
+            speculator_config(self.config, capacity),
             draft_model_path=self.draft_model_path,
             # SGLang's device is "cuda" (the scheduler set the current device to its gpu_id).
             target_device=f"cuda:{self.gpu_id}" if device == "cuda" else device,
@@ -122,20 +134,18 @@ class SSDWorker(BaseSpecWorker):
             gpus=TargetGpus.of(self.server_args),
             dp_rank=self.dp_rank,
             target_model_path=self.server_args.model_path,
-            capacity=TargetCapacity(
-                max_total_tokens=int(runner.max_total_num_tokens),
-                max_running_requests=int(runner.max_running_requests),
-                context_len=int(runner.model_config.context_len),
-            ),
+        )
+        self.speculator_admin = SpeculatorAdmin(
+            self.speculator_client, capacity, on_configure=self.planner.apply
         )
 
     def clear_cache_pool(self) -> None:
-        if self.provider is not None:
-            self.provider.reset()
+        if self.speculator_client is not None:
+            self.speculator_client.reset()
 
     def note_request_finished(self, *, rid: str, natural_stop: bool) -> None:
-        if self.provider is not None:
-            self.provider.close(rid)
+        if self.speculator_client is not None:
+            self.speculator_client.close(rid)
 
     # ------------------------------------------------------------ forward
     def forward_batch_generation(
@@ -147,16 +157,16 @@ class SSDWorker(BaseSpecWorker):
 
     def _extend(self, batch: ScheduleBatch, on_publish: Any) -> GenerationBatchResult:
         self._last_decode_end = None  # the gap to the next decode round holds this prefill
-        provider = self.provider
-        if provider is not None:
-            provider.prepare(batch.reqs)
-        with self._cores(provider is not None and provider.round_mode.plain_now):
+        client = self.speculator_client
+        if client is not None:
+            client.prepare(batch.reqs)
+        with self._cores(self.planner is not None and self.planner.plain_now):
             result = self._target_worker.forward_batch_generation(batch, **self._capture())
-        if provider is not None and self.ships_features:
+        if client is not None and self.ships_features:
             rows = extend_features(
                 result.logits_output.hidden_states, batch.prefix_lens, batch.extend_lens
             )
-            provider.add_features([req.rid for req in batch.reqs], rows)
+            client.add_features([req.rid for req in batch.reqs], rows)
         bs = len(batch.reqs)
         predict = result.next_token_ids
         accept_tokens = torch.zeros(bs, self.width, dtype=torch.int32, device=self.device)
@@ -176,7 +186,7 @@ class SSDWorker(BaseSpecWorker):
         )
 
     def _decode(self, batch: ScheduleBatch, on_publish: Any) -> GenerationBatchResult:
-        """One decode round, speculative or plain (`RoundModePolicy` decides): drafts (none in a
+        """One decode round, speculative or plain (the `RoundPlanner` decides): drafts (none in a
         plain round), one TARGET_VERIFY forward over W positions per request (γ + 1; 1 in a
         plain round, with the speculator's cores lent to the target), verification, KV moves
         of the accepted tokens, bookkeeping. Each step is timed as a phase of the round timer
@@ -247,7 +257,7 @@ class SSDWorker(BaseSpecWorker):
     ) -> None:
         """An EAGLE-3 head draft's features of the positions this round committed (root and
         accepted tokens; the bonus token's come next round) to the speculator client."""
-        if self.provider is None or not self.ships_features:
+        if self.speculator_client is None or not self.ships_features:
             return
         rows = verify_features(
             logits_output.hidden_states,
@@ -255,7 +265,7 @@ class SSDWorker(BaseSpecWorker):
             verified.accept_len.tolist(),
             width,
         )
-        self.provider.add_features([req.rid for req in batch.reqs], rows)
+        self.speculator_client.add_features([req.rid for req in batch.reqs], rows)
 
     def _plan(self, batch: ScheduleBatch) -> RoundPlan:
         """The round's mode and drafts: decided here with one rank; with TP, on rank 0 and
@@ -267,22 +277,20 @@ class SSDWorker(BaseSpecWorker):
         )
 
     def _decide(self, batch: ScheduleBatch) -> RoundPlan:
-        """The leading rank's plan: `RoundModePolicy`'s mode, then the speculator client's
-        drafts (its own n-gram drafts after a timeout or fault), none in a plain round.
+        """The leading rank's plan: the planner's mode, then the speculator client's drafts
+        for the Step the planner shapes (its own n-gram drafts after a timeout or fault), none
+        in a plain round.
 
         Raises:
-            RuntimeError: on a rank without the speculator client (a follower plans nothing).
+            RuntimeError: on a rank without the planner (a follower plans nothing).
         """
-        provider = self.provider
-        if provider is None:
+        planner, client = self.planner, self.speculator_client
+        if planner is None or client is None:
             raise RuntimeError("only the leading TP rank plans SSD rounds")
-        mode = provider.round_mode.choose(
-            [_tokens_left(req) for req in batch.reqs],
-            [request_accept_length(req) for req in batch.reqs],
-        )
+        mode = planner.plan(batch.reqs)
         if mode == RoundMode.PLAIN:
             return RoundPlan(mode, DraftBatch.plain(len(batch.reqs)))
-        return RoundPlan(mode, provider.drafts(batch.reqs))
+        return RoundPlan(mode, client.drafts(batch.reqs, planner))
 
     def _verify(
         self, batch: ScheduleBatch, logits: torch.Tensor, drafts: DraftBatch, width: int
@@ -301,14 +309,14 @@ class SSDWorker(BaseSpecWorker):
     def _measure_round(
         self, batch: ScheduleBatch, mode: RoundMode, verified: VerifiedBatch, round_s: float
     ) -> None:
-        """Round time to the `RoundModePolicy`, tokens to each request's L_r; a speculative
+        """Round time to the planner, tokens to each request's L_r; a speculative
         round right after plain ones is not measured (it pays the switch: a cold cache)."""
         cold = mode == RoundMode.SPECULATE and self._last_mode == RoundMode.PLAIN
         self._last_mode = mode
         if cold:
             return
-        if self.provider is not None:
-            self.provider.round_mode.observe(mode, len(batch.reqs), round_s)
+        if self.planner is not None:
+            self.planner.observe_round_time(mode, len(batch.reqs), round_s)
         if mode == RoundMode.SPECULATE:
             for req, k in zip(batch.reqs, verified.accept_len.tolist(), strict=True):
                 record_request_tokens(req, k + 1)
@@ -317,8 +325,8 @@ class SSDWorker(BaseSpecWorker):
         """A plain round's forward runs on the speculator's cores too (`cores_lent`), and so
         does a prefill while plain rounds are the mode in use (on the leading rank: the
         speculator runs beside it)."""
-        if plain and self.provider is not None:
-            return self.provider.cores_lent()
+        if plain and self.speculator_client is not None:
+            return self.speculator_client.supervisor.cores_lent()
         return contextlib.nullcontext()
 
     def _build_verify_batch(
@@ -381,17 +389,18 @@ class SSDWorker(BaseSpecWorker):
         times: tuple[float, float, float],
         timer: RoundTimer,
     ) -> None:
-        """Outcomes to the speculator (speculative rounds only: a plain round's tokens reach
-        it with the next Step), the round's timers and per-request source counts; `times` are
-        perf_counter seconds at the round's start, drafts in hand, forward done."""
+        """Outcomes to the speculator and the planner (speculative rounds only: a plain round's
+        tokens reach the speculator with the next Step), the round's timers and per-request
+        source counts; `times` are perf_counter seconds at the round's start, drafts in hand,
+        forward done."""
         t_start, t_drafts, t_forward = times
-        if timer is self.timer and self.provider is not None:
-            self.provider.record_outcomes(
-                [req.rid for req in batch.reqs],
-                verified.accept_len.tolist(),
-                verified.bonus.tolist(),
-                verify_s=t_forward - t_drafts,
+        client, planner = self.speculator_client, self.planner
+        if timer is self.timer and client is not None and planner is not None and batch.reqs:
+            accept_lens = verified.accept_len.tolist()
+            client.record_outcomes(
+                [req.rid for req in batch.reqs], accept_lens, verified.bonus.tolist()
             )
+            planner.observe_outcomes(drafts, accept_lens, t_forward - t_drafts, client.last_timing)
         timer.record(
             batch_size=len(batch.reqs),
             wait_draft_s=t_drafts - t_start,
@@ -442,12 +451,6 @@ def _dp_rank() -> int:
     """This scheduler's DP replica (SGLang's `dp_rank`; 0 without `--dp-size` > 1)."""
     rank = get_parallel().dp_rank
     return 0 if rank is None else int(rank)
-
-
-def _tokens_left(req: Any) -> int:
-    """Tokens the request may still generate (its max_new_tokens minus its output so far)."""
-    limit = req.sampling_params.max_new_tokens
-    return (1 << 30) if limit is None else int(limit) - len(req.output_ids)
 
 
 def _sampling_of(batch: ScheduleBatch, sampling_backend: str) -> SamplingBatch:

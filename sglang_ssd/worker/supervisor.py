@@ -15,7 +15,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -23,6 +24,7 @@ from sglang_ssd.config import SSDConfig
 from sglang_ssd.placement import Placement
 from sglang_ssd.transport import LinkAddress, TargetLink, TransportError, TransportTimeout
 from sglang_ssd.transport.tensor_link import Backend
+from sglang_ssd.worker.core_lending import CoreLending
 
 logger = logging.getLogger(__name__)
 
@@ -133,7 +135,8 @@ class Supervisor:
     `link` and `process` are the live speculator, or both None while it is down (after a fault,
     until the background restart succeeds, and after `stop`). They change under `lock`, the
     client's lock, which `usable` and `fault` expect held; `forget` is called with it held each
-    time the linked speculator changes, since the new one knows no request.
+    time the linked speculator changes, since the new one knows no request. For a plain round
+    `cores_lent` stops the process and lends its CPU cores to the target.
 
     Args:
         config: returns the settings a (re)started speculator starts from (live changes
@@ -165,6 +168,7 @@ class Supervisor:
         self.target_model_path = target_model_path
         self.model_path = model_path
         self.placement = placement
+        self.lending = CoreLending(placement.target_cpus, placement.cpus or ())
         self.lock = lock
         self.forget = forget
         self.link: TargetLink | None = None
@@ -231,6 +235,18 @@ class Supervisor:
             self.link, self.process = link, process
             self.forget()
             return True
+
+    @contextmanager
+    def cores_lent(self) -> Iterator[None]:
+        """For a plain round's forward: the speculator stopped and its CPU cores lent to the
+        target (`CoreLending`), under the client's lock so that no admin request waits on a
+        stopped speculator. The tokens the round commits reach the speculator with the next
+        Step's outcomes (`Outcome.extra`)."""
+        with self.lock:
+            process = self.process
+            pid = process.pid if process is not None and process.alive() else None
+            with self.lending.lent(pid):
+                yield
 
     def fault(self, reason: str) -> None:
         """Kill a misbehaving speculator and restart it in the background; until then the

@@ -7,7 +7,7 @@ each request). Only TP rank 0 holds a `SpeculatorClient` (and so a speculator pr
 decode round it broadcasts over the TP group's CPU (gloo) group, as SGLang's `eagle_sample`
 broadcasts its accept results:
 
-1. before the forward, the round's plan (`share_plan`): the mode rank 0's `RoundModePolicy`
+1. before the forward, the round's plan (`share_plan`): the mode rank 0's `RoundPlanner`
    chose and the drafts rank 0 obtained, whether from the speculator (a hit, a just-in-time,
    n-gram or random backup) or its own n-gram drafts after a timeout or fault: so hits, misses,
    timeouts and faults are decided once;
@@ -200,7 +200,8 @@ def share_plan(
         tp: the TP group.
         batch_size: B (every rank runs the same batch).
         lookahead: γ.
-        decide: rank 0's planning (`SSDWorker` asks its `SpeculatorClient`).
+        decide: rank 0's planning (`SSDWorker` asks its `RoundPlanner`, then its
+            `SpeculatorClient`).
 
     Raises:
         RuntimeError: from torch.distributed when a peer is gone or the broadcast times out.

@@ -27,6 +27,7 @@ from sglang_ssd.transport.wire import (
     LiveSettings,
 )
 from sglang_ssd.worker import metrics as worker_metrics
+from sglang_ssd.worker.planner import RoundPlanner
 
 
 def test_only_what_cannot_be_applied_per_position_is_refused() -> None:
@@ -136,17 +137,19 @@ def round_timer() -> worker_metrics.RoundTimer:
 
 
 class FakeClient:
-    def __init__(self) -> None:
-        from sglang_ssd.worker.speculator_client import default_policy
+    """What the admin endpoints and the decode report read of a `SpeculatorClient`."""
 
-        self.config = SSDConfig()
-        self.faults = 1
-        self.restarts = 0
-        self.policy = default_policy(self.config)
-        self.tree_depth = 4  # SpeculatorClient.tree_depth: the D in force
+    def __init__(self) -> None:
         self.speculator_phases = PhaseTimer()
         self.speculator_phases.merge({"tree_1": 0.8, "lm_head": 0.3, "send": 0.1})
         self.drafts_received = 4
+
+
+class FakeAdmin:
+    """A `SpeculatorAdmin` whose speculator acknowledges every change."""
+
+    def __init__(self) -> None:
+        self.config = SSDConfig()
 
     def configure(self, request: Configure) -> ConfigureAck | None:
         self.config = self.config.replace(**request.changes.given())
@@ -158,10 +161,15 @@ class FakeClient:
 
 @dataclass
 class FakeWorker:
+    """The `SSDWorker` members the admin bridge reads (a real planner: D in force is γ = 4)."""
+
     config: SSDConfig = field(default_factory=SSDConfig)
     timer: worker_metrics.RoundTimer = field(default_factory=round_timer)
     plain_timer: worker_metrics.RoundTimer = field(default_factory=worker_metrics.RoundTimer)
-    provider: FakeClient = field(default_factory=FakeClient)
+    speculator_client: FakeClient = field(default_factory=FakeClient)
+    speculator_admin: FakeAdmin = field(default_factory=FakeAdmin)
+    planner: RoundPlanner = field(default_factory=lambda: RoundPlanner(SSDConfig()))
+    dp_rank: int = 0
 
 
 def _ask(worker: FakeWorker, op: str, **changes: Any) -> AdminReply:
@@ -192,10 +200,10 @@ def test_admin_config_round_trip() -> None:
 
 def test_admin_reports_changes_no_speculator_took() -> None:
     worker = FakeWorker()
-    worker.provider.configure = lambda request: None  # no speculator running
+    worker.speculator_admin.configure = lambda request: None  # no speculator running
     body = admin.http_body("configure", _ask(worker, "configure", fanout_budget=3))
     assert body["acknowledged"] == {"applied_locally": True, "fanout_budget": 3}
-    assert body["config"]["fanout_budget"] == 8  # FakeClient did not apply it
+    assert body["config"]["fanout_budget"] == 8  # FakeAdmin did not apply it
 
 
 @pytest.mark.parametrize(
@@ -216,7 +224,7 @@ def test_admin_refuses_bad_changes(changes: Any) -> None:
     worker = FakeWorker()
     got = _ask_raw(worker, {"type": "admin_request", "op": "configure", "changes": changes})
     assert got.status == 400 and got.error
-    assert worker.provider.config == SSDConfig()
+    assert worker.speculator_admin.config == SSDConfig()
     with pytest.raises(admin.AdminError) as refused:  # the HTTP side refuses them first
         admin.parse_changes(msgspec.json.encode(changes))
     assert refused.value.status == 400
@@ -275,16 +283,16 @@ def test_admin_failures_are_replies() -> None:
 
 
 def test_admin_stats_report_the_fallback_threshold() -> None:
-    from sglang_ssd.worker.speculator_client import default_policy
+    from sglang_ssd.worker.planner import default_policy
 
     worker = FakeWorker()
-    worker.provider.policy = default_policy(SSDConfig(backup="jit"))
+    worker.planner.policy = default_policy(SSDConfig(backup="jit"))
     body = _ask(worker, "stats").stats["fallback"]
     assert body["mode"] == "jit" and body["batch_threshold"] is None  # forced JIT never leaves
     auto = default_policy(SSDConfig())
     assert body["auto_batch_threshold"] == auto.batch_threshold()
     assert set(body["backups"]) == {"jit", "ngram", "random"}
-    assert worker.provider.policy.mode == "jit"  # the copy changed, not the live policy
+    assert worker.planner.policy.mode == "jit"  # the copy changed, not the live policy
 
 
 def test_admin_socket_round_trip(tmp_path) -> None:
@@ -297,8 +305,8 @@ def test_decode_window_and_log_filter() -> None:
     import logging
 
     tracker = scheduler_metrics.WindowTracker()
-    timer, client = round_timer(), FakeClient()
-    first = tracker.take(timer, client)
+    timer, client, planner = round_timer(), FakeClient(), RoundPlanner(SSDConfig())
+    first = tracker.take(timer, client, planner)
     assert first.values()["cache_hit_rate"] == pytest.approx(4 / 6)
     assert first.values()["t_p"] == pytest.approx(1.2)
     timer.rounds, timer.requests, timer.wait_draft_s = 6, 8, 0.6
@@ -306,7 +314,7 @@ def test_decode_window_and_log_filter() -> None:
     timer.phases.merge({"forward": 0.3, "verify": 0.1})
     client.speculator_phases.merge({"tree_1": 0.1, "glue": 0.2})
     client.drafts_received += 2
-    second = tracker.take(timer, client)
+    second = tracker.take(timer, client, planner)
     assert (second.rounds, second.requests, second.hits) == (2, 2, 2)
     assert second.values()["wait_draft_seconds"] == pytest.approx(0.1)
     assert second.values()["target_round_seconds"] == pytest.approx(0.2)
@@ -319,7 +327,7 @@ def test_decode_window_and_log_filter() -> None:
     assert record.msg.endswith(
         "ssd hit rate: 1.00, wait draft: 100.0 ms, verify: 0.0 ms, T_p: 0.75 (speculator 150 ms:"
         " glue 100.0 ms, tree_1 50.0 ms, lm_head 0.0 ms; target 200 ms)"
-        ", D: 4"  # the D in force (the tuner's; γ until a build is timed)
+        ", D: 4"  # the D in force (the planner's tuner; γ until a build is timed)
     )
     other = logging.LogRecord("x", logging.INFO, "f", 1, "Prefill batch", (), None)
     line_filter.filter(other)
@@ -414,7 +422,7 @@ def test_admin_routes_list_every_dp_replica(tmp_path) -> None:
     addresses = admin.admin_addresses(port_args, 2)
     assert len(set(addresses)) == 2 and addresses[0] == admin.admin_address(port_args)
     workers = [FakeWorker(), FakeWorker()]
-    workers[1].provider.drafts_received = 8
+    workers[1].speculator_client.drafts_received = 8
     for rank, worker in enumerate(workers):
         worker.dp_rank = rank
         admin.start_admin_server(worker, port_args)
@@ -425,7 +433,7 @@ def test_admin_routes_list_every_dp_replica(tmp_path) -> None:
     assert body["dp_size"] == 2 and [r["dp_rank"] for r in body["replicas"]] == [0, 1]
     reply = client.post("/ssd/config", json={"beta": 0.5}).json()
     assert [r["config"]["beta"] for r in reply["replicas"]] == [0.5, 0.5]
-    assert [w.provider.config.beta for w in workers] == [0.5, 0.5]
+    assert [w.speculator_admin.config.beta for w in workers] == [0.5, 0.5]
     stats = client.get("/ssd/stats").json()["replicas"]
     assert stats[0]["speculator_round_s"] != stats[1]["speculator_round_s"]  # per replica
     status, body = admin.combine(

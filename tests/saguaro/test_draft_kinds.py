@@ -82,7 +82,7 @@ def test_a_kind_added_in_one_place_reaches_every_list() -> None:
         + LISTS
         + textwrap.dedent(
             """
-        from sglang_ssd.worker.speculator_client import default_policy
+        from sglang_ssd.worker.planner import default_policy
         config.SSDConfig(backup="dummy")  # a --ssd-backup value
         step = messages.Step(step_id=1, outcomes=[], requests=[], backup="dummy")
         assert messages.decode(messages.encode(step)) == step  # on the wire

@@ -10,11 +10,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sglang_ssd.phases import PhaseTimer
 from sglang_ssd.transport import DraftEntry, Drafts, ReceivedDrafts, TransportError
-from sglang_ssd.worker.draft_batch import dense_q
+from sglang_ssd.worker.draft_batch import DraftBatch, dense_q
 from sglang_ssd.worker.draft_provider import LocalNgramProvider
-from sglang_ssd.worker.speculator_client import SpeculatorClient
+from sglang_ssd.worker.drafts_reply import reply_batch
 
 HAS_Q = torch.tensor([True, False, True])
 
@@ -46,16 +45,11 @@ def test_q_lands_on_the_target_device() -> None:
     assert out.device == torch.device("meta") and out.shape == (3, 2, 8)
 
 
-def _client(vocab: int, device: str) -> SpeculatorClient:
-    """A client without a speculator process: only what `_to_batch` reads."""
-    client = object.__new__(SpeculatorClient)
-    client.vocab_size = vocab
-    client.target_device = torch.device(device)
-    client.local = LocalNgramProvider(2)
-    client.opened = {}
-    client.speculator_phases = PhaseTimer()
-    client.drafts_received = client.draft_forwards = client.build_draft_forwards = 0
-    return client
+def _batch(got: ReceivedDrafts, vocab: int, device: str) -> DraftBatch:
+    """The reply as the speculator client turns it into the target's drafts."""
+    batch, missing = reply_batch(REQS, got, vocab, torch.device(device), LocalNgramProvider(2))
+    assert missing == []
+    return batch
 
 
 def _reply(tokens: torch.Tensor, q: torch.Tensor | None, vocab: int) -> ReceivedDrafts:
@@ -71,7 +65,7 @@ REQS = [SimpleNamespace(rid=f"r{i}") for i in range(3)]
 
 def test_the_client_puts_q_on_the_target_device_and_tokens_on_the_cpu() -> None:
     tokens = torch.tensor([[1, 2], [3, 4], [5, 6]])
-    batch = _client(8, "meta")._to_batch(REQS, _reply(tokens, _q(6), 6))
+    batch = _batch(_reply(tokens, _q(6), 6), 8, "meta")
     assert batch.q is not None and batch.q.device == torch.device("meta")
     assert batch.q.shape == (3, 2, 8) and batch.tokens.device == torch.device("cpu")
 
@@ -87,4 +81,4 @@ def test_unusable_drafts_are_transport_errors(case: str) -> None:
     else:
         q = q[:, :1]
     with pytest.raises(TransportError, match="unusable drafts"):
-        _client(6, "cpu")._to_batch(REQS, _reply(tokens, q, 8))
+        _batch(_reply(tokens, q, 8), 6, "cpu")

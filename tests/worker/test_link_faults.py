@@ -48,6 +48,8 @@ from sglang_ssd.transport import (
     Step,
     TargetLink,
 )
+from sglang_ssd.worker.planner import RoundPlanner
+from sglang_ssd.worker.speculator_admin import SpeculatorAdmin, speculator_config
 from sglang_ssd.worker.speculator_client import SpeculatorClient
 
 V = 128  # the tiny models' vocabulary
@@ -157,18 +159,31 @@ def patched(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         speculator.kill()
 
 
+CONFIG = SSDConfig(lookahead=4, fanout_budget=4, speculator_timeout=TIMEOUT_S, backup="jit")
+
+
 @pytest.fixture
 def client(patched: None, tiny_draft: Path) -> Iterator[SpeculatorClient]:
-    config = SSDConfig(lookahead=4, fanout_budget=4, speculator_timeout=TIMEOUT_S, backup="jit")
-    made = SpeculatorClient(config, str(tiny_draft), "cpu", V)
+    made = SpeculatorClient(speculator_config(CONFIG, None), str(tiny_draft), "cpu", V)
     yield made
     made.shutdown()
 
 
-def decode_round(client: SpeculatorClient, reqs: list[Req]) -> list[str]:
+@pytest.fixture
+def planner() -> RoundPlanner:
+    return RoundPlanner(CONFIG)
+
+
+@pytest.fixture
+def admin(client: SpeculatorClient, planner: RoundPlanner) -> SpeculatorAdmin:
+    """Wired as `SSDWorker.alloc_memory_pool` wires it (no target capacity here)."""
+    return SpeculatorAdmin(client, on_configure=planner.apply)
+
+
+def decode_round(client: SpeculatorClient, planner: RoundPlanner, reqs: list[Req]) -> list[str]:
     """One decode round as `SSDWorker` runs it (accept the first draft token, bonus 5);
     returns the draft sources."""
-    batch = client.drafts(reqs)
+    batch = client.drafts(reqs, planner)
     accept = [min(1, int(d)) for d in batch.depth]
     for req, k, row in zip(reqs, accept, batch.tokens.tolist(), strict=True):
         req.output_ids += [*row[:k], 5]
@@ -193,51 +208,55 @@ def wait_until(condition, timeout_s: float = 60.0) -> None:
         time.sleep(0.05)
 
 
-def assert_back_to_ssd(client: SpeculatorClient, restarts: int) -> None:
-    wait_until(lambda: client.restarts >= restarts and client.link is not None)
+def assert_back_to_ssd(client: SpeculatorClient, planner: RoundPlanner, restarts: int) -> None:
+    wait_until(lambda: client.supervisor.restarts >= restarts and client.link is not None)
     reqs = prefill(client, f"after{restarts}-")
-    sources = [decode_round(client, reqs) for _ in range(3)]
+    sources = [decode_round(client, planner, reqs) for _ in range(3)]
     assert all(s in ("jit", "cache") for round_ in sources for s in round_), sources
 
 
-def test_speculator_exit_is_a_fault_served_locally_then_restarted(client, caplog) -> None:
+def test_speculator_exit_is_a_fault_served_locally_then_restarted(client, planner, caplog) -> None:
     caplog.set_level(logging.INFO)
     reqs = prefill(client, "a")
-    assert set(decode_round(client, reqs)) <= {"jit", "cache"}
+    assert set(decode_round(client, planner, reqs)) <= {"jit", "cache"}
     first = ThreadSpeculator.started[0]
     client.link.send(Shutdown())  # the speculator closes its socket and exits
     first.thread.join(10)
     assert first.proc.returncode == 0
-    assert decode_round(client, reqs) == ["local-ngram"] * 2
-    assert client.faults == 1
+    assert decode_round(client, planner, reqs) == ["local-ngram"] * 2
+    assert client.supervisor.faults == 1
     assert "exited with code 0" in caplog.text
-    assert_back_to_ssd(client, restarts=1)
-    assert decode_round(client, reqs)  # the old requests are reopened on the new speculator
+    assert_back_to_ssd(client, planner, restarts=1)
+    assert decode_round(
+        client, planner, reqs
+    )  # the old requests are reopened on the new speculator
 
 
-def test_a_hung_speculator_costs_one_timeout(client, caplog) -> None:
+def test_a_hung_speculator_costs_one_timeout(client, planner, caplog) -> None:
     reqs = prefill(client, "h")
-    decode_round(client, reqs)
+    decode_round(client, planner, reqs)
     hung = ThreadSpeculator.started[0]
     hung.hang.set()
     start = time.monotonic()
-    assert decode_round(client, reqs) == ["local-ngram"] * 2
+    assert decode_round(client, planner, reqs) == ["local-ngram"] * 2
     assert TIMEOUT_S <= time.monotonic() - start < TIMEOUT_S + 2.0
-    assert hung.killed.is_set() and client.faults == 1
+    assert hung.killed.is_set() and client.supervisor.faults == 1
     assert f"no drafts within {TIMEOUT_S} s" in caplog.text
     hung.thread.join(10)
     assert not hung.alive()
-    assert_back_to_ssd(client, restarts=1)
+    assert_back_to_ssd(client, planner, restarts=1)
 
 
-def test_restart_with_another_protocol_version_is_refused_on_both_sides(client, caplog) -> None:
+def test_restart_with_another_protocol_version_is_refused_on_both_sides(
+    client, planner, caplog
+) -> None:
     caplog.set_level(logging.INFO)
     reqs = prefill(client, "v")
-    decode_round(client, reqs)
+    decode_round(client, planner, reqs)
     ThreadSpeculator.version = PROTOCOL_VERSION + 1  # what the restarted speculator speaks
     client.link.send(Shutdown())
     ThreadSpeculator.started[0].thread.join(10)
-    assert decode_round(client, reqs) == ["local-ngram"] * 2
+    assert decode_round(client, planner, reqs) == ["local-ngram"] * 2
     wait_until(lambda: len(ThreadSpeculator.started) >= 3)  # two refused restarts
     refused = ThreadSpeculator.started[1]
     refused.thread.join(10)
@@ -245,20 +264,24 @@ def test_restart_with_another_protocol_version_is_refused_on_both_sides(client, 
     target_side = "speculator restart failed (speculator handshake rejected: protocol version"
     speculator_side = "cannot link to the target: target rejected the handshake: protocol version"
     assert target_side in caplog.text and speculator_side in caplog.text
-    assert client.restarts == 0 and client.link is None
-    assert decode_round(client, reqs) == ["local-ngram"] * 2  # still serving meanwhile
+    assert client.supervisor.restarts == 0 and client.link is None
+    assert decode_round(client, planner, reqs) == ["local-ngram"] * 2  # still serving meanwhile
     ThreadSpeculator.version = PROTOCOL_VERSION
-    wait_until(lambda: client.restarts == 1, timeout_s=120)  # the backoff has grown to ~6 s
-    assert_back_to_ssd(client, restarts=1)
+    wait_until(
+        lambda: client.supervisor.restarts == 1, timeout_s=120
+    )  # the backoff has grown to ~6 s
+    assert_back_to_ssd(client, planner, restarts=1)
 
 
-def test_stale_outcome_and_closed_requests_are_logged_not_fatal(client, caplog) -> None:
+def test_stale_outcome_and_closed_requests_are_logged_not_fatal(
+    client, planner, admin, caplog
+) -> None:
     reqs = prefill(client, "s", 3)
-    decode_round(client, reqs)
+    decode_round(client, planner, reqs)
     client.close("s0")  # finished or aborted while its outcome was still to be reported
     client.record_outcomes(["s0"], [0], [5])  # a stale outcome: dropped, never sent
     assert "s0" not in client.pending
-    assert set(decode_round(client, reqs[1:])) <= {"jit", "cache"}
+    assert set(decode_round(client, planner, reqs[1:])) <= {"jit", "cache"}
 
     # The same on the wire: a Step that names a closed request and carries its outcome.
     link = client.link
@@ -272,16 +295,18 @@ def test_stale_outcome_and_closed_requests_are_logged_not_fatal(client, caplog) 
     got = link.recv_drafts(client.step_id, 10.0)
     assert [e.source for e in got.drafts.entries] == ["missing"]
     assert "cannot apply outcome" in caplog.text
-    assert client.faults == 0
-    assert set(decode_round(client, reqs[1:])) <= {"jit", "cache"}  # serving goes on
+    assert client.supervisor.faults == 0
+    assert set(decode_round(client, planner, reqs[1:])) <= {"jit", "cache"}  # serving goes on
     client.close("s1")
     client.close("s2")
-    stats = client.stats()
+    stats = admin.stats()
     assert stats["open_requests"] == 0 and stats["kv_slots_used"] == 0
     assert stats["cache_entries"] == 0
 
 
-def test_a_request_that_ends_at_prefill_is_never_opened(client: SpeculatorClient) -> None:
+def test_a_request_that_ends_at_prefill_is_never_opened(
+    client: SpeculatorClient, admin: SpeculatorAdmin
+) -> None:
     """SGLang prefills the shared prefix of an `n > 1` request as a copy with
     `max_new_tokens` 0 (and a 1-token request ends at prefill too): nothing to draft, so the
     speculator neither prefills nor pre-speculates it."""
@@ -297,30 +322,34 @@ def test_a_request_that_ends_at_prefill_is_never_opened(client: SpeculatorClient
     client.prepare(reqs)
     assert set(client.opened) == {"many", "open-ended"}
     assert set(client.last_seen) == {"many", "open-ended"}
-    wait_until(lambda: client.stats()["open_requests"] == 2)
+    wait_until(lambda: admin.stats()["open_requests"] == 2)
 
 
-def test_configure_refuses_fanout_the_speculator_cannot_hold(client: SpeculatorClient) -> None:
+def test_configure_refuses_fanout_the_speculator_cannot_hold(
+    client: SpeculatorClient, admin: SpeculatorAdmin
+) -> None:
     before = client.config
     assert before.draft_kv_tokens == DEFAULT_DRAFT_KV_TOKENS  # no target capacity here
     # V = 128: one round has (γ + 1)(V − 1) = 635 outcomes to spend a budget on.
     with pytest.raises(SSDConfigError, match="--ssd-fanout-budget must be at most 635"):
-        client.configure(Configure(changes=LiveSettings(fanout_budget=1000)))
+        admin.configure(Configure(changes=LiveSettings(fanout_budget=1000)))
     assert client.config == before
-    ack = client.configure(Configure(changes=LiveSettings(fanout_budget=16)))
+    ack = admin.configure(Configure(changes=LiveSettings(fanout_budget=16)))
     assert ack is not None and ack.applied.fanout_budget == 16
-    assert client.stats()["draft_kv_tokens"] == DEFAULT_DRAFT_KV_TOKENS
+    assert admin.stats()["draft_kv_tokens"] == DEFAULT_DRAFT_KV_TOKENS
 
 
-def test_plain_rounds_are_refused_live_off_the_cpu(client: SpeculatorClient) -> None:
+def test_plain_rounds_are_refused_live_off_the_cpu(
+    client: SpeculatorClient, planner: RoundPlanner, admin: SpeculatorAdmin
+) -> None:
     """`POST /ssd/config {"plain_rounds": ...}` on a CUDA target: refused (400 through the admin
     bridge), nothing changed (`round_mode.plain_rounds_refusal` says why)."""
     client.target_device = torch.device("cuda", 0)  # no GPU needed: refused before any use
     before = client.config
     with pytest.raises(SSDConfigError, match="--ssd-plain-rounds auto is not supported"):
-        client.configure(Configure(changes=LiveSettings(plain_rounds="auto")))
-    assert client.config == before and client.round_mode.setting == "never"
-    ack = client.configure(Configure(changes=LiveSettings(plain_rounds="never", beta=0.5)))
+        admin.configure(Configure(changes=LiveSettings(plain_rounds="auto")))
+    assert client.config == before and planner.round_mode.setting == "never"
+    ack = admin.configure(Configure(changes=LiveSettings(plain_rounds="never", beta=0.5)))
     assert ack is not None and client.config.beta == 0.5
 
 

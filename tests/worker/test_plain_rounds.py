@@ -13,6 +13,7 @@ import time
 import pytest
 
 from sglang_ssd.worker.core_lending import CoreLending
+from sglang_ssd.worker.request_messages import outcome_since
 from sglang_ssd.worker.round_mode import (
     MIN_REQUEST_ROUNDS,
     RoundMode,
@@ -20,7 +21,6 @@ from sglang_ssd.worker.round_mode import (
     record_request_tokens,
     request_accept_length,
 )
-from sglang_ssd.worker.speculator_client import outcome_since
 
 SPEC, PLAIN = RoundMode.SPECULATE, RoundMode.PLAIN
 

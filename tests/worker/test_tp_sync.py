@@ -21,8 +21,10 @@ from typing import Any
 import pytest
 import torch
 
+from sglang_ssd.config import SSDConfig
 from sglang_ssd.saguaro import SamplingBatch
 from sglang_ssd.worker.draft_batch import DraftBatch
+from sglang_ssd.worker.planner import RoundPlanner
 from sglang_ssd.worker.round_mode import RoundMode
 from sglang_ssd.worker.tp_sync import (
     SOURCES,
@@ -95,11 +97,11 @@ def timing_out_client() -> Any:
     from sglang_ssd.worker.speculator_client import SpeculatorClient
 
     client = object.__new__(SpeculatorClient)
-    client._lock = threading.Lock()
+    client.lock = threading.Lock()
     client.supervisor = FakeSupervisor()
     client.local = LocalNgramProvider(GAMMA)
 
-    def no_drafts(reqs: Any) -> DraftBatch:
+    def no_drafts(reqs: Any, planner: Any) -> DraftBatch:
         raise TransportError("no drafts within 0.5 s")
 
     client._remote_drafts = no_drafts
@@ -143,7 +145,12 @@ def _scenario(name: str, leader: bool, out: dict[str, Any]) -> tuple[int, Any, S
         client = timing_out_client() if leader else None
         if leader:
             out["faults"] = client.supervisor.faults
-        return 3, lambda: RoundPlan(RoundMode.SPECULATE, client.drafts(requests(3))), greedy(3)
+        planner = RoundPlanner(SSDConfig(lookahead=GAMMA))
+
+        def decide() -> RoundPlan:
+            return RoundPlan(RoundMode.SPECULATE, client.drafts(requests(3), planner))
+
+        return 3, decide, greedy(3)
     sampling = SamplingBatch(
         temperature=torch.ones(3), top_k=torch.full((3,), -1), top_p=torch.ones(3)
     )

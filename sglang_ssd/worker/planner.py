@@ -1,0 +1,196 @@
+"""What each decode round does, decided on the target side: `RoundPlanner`.
+
+`SSDWorker` asks the planner once per round for the round's mode (speculate, or a plain round:
+`RoundModePolicy`); in a speculative round the speculator client asks it for the Step's backup
+(`FallbackPolicy`, the cache-miss option for this batch size) and tree depth D (`DepthTuner`)
+when it sends the Step. The planner learns from what the round measured: the speculator's build
+timings as Drafts arrive, then the verified outcomes, then the round's wall time. It holds no
+link and no request state (that is `speculator_client`), so it is tested without a process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sglang_ssd.config import SSDConfig
+from sglang_ssd.saguaro import Backup, BackupStats, FallbackPolicy, draft_kinds
+from sglang_ssd.saguaro.self_tuning import DepthTuner
+from sglang_ssd.transport import SpeculatorTiming
+from sglang_ssd.worker.draft_batch import DraftBatch
+from sglang_ssd.worker.round_mode import RoundMode, RoundModePolicy, request_accept_length
+
+ALL_TOKENS_LEFT = 1 << 30  # tokens left of a request without max_new_tokens
+
+
+def default_policy(config: SSDConfig) -> FallbackPolicy:
+    """The miss policy before measurements arrive (times in seconds; refined live)."""
+    return FallbackPolicy(
+        lookahead=config.lookahead,
+        p_hit=0.6,
+        alpha_hit=0.8,
+        t_verify=0.5,
+        t_spec=0.6,
+        backups={
+            Backup(k.name): BackupStats(alpha=k.prior_alpha, latency=k.prior_latency_s)
+            for k in draft_kinds.KINDS
+            if k.speculator
+        },
+        mode=config.backup,
+        batch_threshold_override=config.batch_threshold if config.backup == "auto" else None,
+    )
+
+
+@dataclass(frozen=True)
+class StepChoice:
+    """What one Step asks of the speculator: `backup` (a `Backup` value) on a cache miss and
+    `tree_depth` D of the build after it (0: no build, sync mode)."""
+
+    backup: str
+    tree_depth: int
+
+
+class RoundPlanner:
+    """The round's decisions and the measurements they rest on (see the module docstring).
+
+    Attributes:
+        policy: the cache-miss policy (`/ssd/stats`' `fallback` reads it).
+        round_mode: speculate or plain (`--ssd-plain-rounds`).
+        tuner: D per build: self-tuned unless `--ssd-tree-depth` (or `POST /ssd/config`) pins it.
+    """
+
+    def __init__(self, config: SSDConfig) -> None:
+        self.sync = config.mode == "sync"  # not a live setting: fixed for the server's life
+        self.policy = default_policy(config)
+        self.round_mode = RoundModePolicy(config.plain_rounds)
+        self.tuner = DepthTuner(config.lookahead, pinned=config.tree_depth)
+
+    # ------------------------------------------------------------ decisions
+    def plan(self, reqs: Sequence[Any]) -> RoundMode:
+        """The mode of the next decode round of `reqs` (SGLang `Req`s, batch order; >= 1).
+
+        Raises:
+            ValueError: on an empty batch (`RoundModePolicy.choose`).
+        """
+        return self.round_mode.choose(
+            [_tokens_left(req) for req in reqs], [request_accept_length(req) for req in reqs]
+        )
+
+    def step(self, batch_size: int) -> StepChoice:
+        """The backup and D of the Step the client sends now for `batch_size` (>= 1) requests.
+
+        Asked only when a Step goes out (the tuner's choice moves its state, so a round served
+        by the target's own drafts chooses nothing). Sync mode: JIT and no build.
+        """
+        if self.sync:
+            return StepChoice(backup=draft_kinds.JIT, tree_depth=0)
+        backup = self.policy.choose(batch_size)
+        return StepChoice(backup=backup.value, tree_depth=self._choose_depth(batch_size, backup))
+
+    def _choose_depth(self, batch_size: int, backup: Backup) -> int:
+        """D for the build after this Step (`DepthTuner.choose` on the policy's live figures)."""
+        policy = self.policy
+        # A backup without stats yet is costed as the first fast backup (n-gram).
+        fast = Backup(draft_kinds.fast_backup_names()[0])
+        miss = policy.backups.get(backup) or policy.backups[fast]
+        return self.tuner.choose(
+            t_verify=policy.t_verify,
+            p_hit=policy.p_hit,
+            alpha_miss=miss.alpha,
+            t_backup=miss.latency,
+            batch_size=batch_size,
+        )
+
+    @property
+    def tree_depth(self) -> int:
+        """The D in force: the tuner's (self-tuned or pinned), 0 in sync mode (no builds)."""
+        return 0 if self.sync else self.tuner.depth
+
+    @property
+    def plain_now(self) -> bool:
+        """Whether plain rounds are the mode in use (prefills then borrow the speculator's
+        cores too)."""
+        return self.round_mode.plain_now
+
+    @property
+    def plain_rounds(self) -> int:
+        """Plain rounds chosen since start."""
+        return self.round_mode.rounds[RoundMode.PLAIN]
+
+    # ------------------------------------------------------------ measurements
+    def observe_build(self, timing: SpeculatorTiming) -> None:
+        """The speculator's work behind the Drafts just received (feeds the depth tuner)."""
+        self.tuner.observe_build(timing.phases, timing.forwards, timing.build_forwards)
+
+    def observe_outcomes(
+        self,
+        drafts: DraftBatch,
+        accept_lens: Sequence[int],
+        verify_s: float | None,
+        timing: SpeculatorTiming | None,
+    ) -> None:
+        """Fold a speculative round into the policy's moving averages and the tuner's counts.
+
+        Args:
+            drafts: the round's drafts (their `sources`, and `depth` of the cache hits).
+            accept_lens: k per request, batch order (>= 1 request).
+            verify_s: the target's verify forward in seconds (None or 0: not measured).
+            timing: the latest usable Drafts' timing (its build and backup seconds), None
+                before any arrived.
+        """
+        by_source: dict[str, list[int]] = {}
+        hit_depths: list[int] = []  # the draft depth of each cache hit, in `hits` order
+        depths = drafts.depth.tolist()
+        for source, depth, k in zip(drafts.sources, depths, accept_lens, strict=True):
+            by_source.setdefault(source, []).append(k + 1)
+            if source == draft_kinds.CACHE:
+                hit_depths.append(int(depth))
+        hits = by_source.get(draft_kinds.CACHE, [])
+        self.tuner.observe_hits([n - 1 for n in hits], hit_depths)
+        self.policy.observe(
+            hit_rate=len(hits) / len(accept_lens),
+            t_verify=verify_s if verify_s else None,
+            t_spec=None if timing is None else timing.build_s,
+        )
+        # Hits carry D <= γ tokens: α from the tuner's depth-aware counts, not E(α) = L at γ.
+        self.policy.alpha_hit = self.tuner.alpha
+        for source in draft_kinds.backup_names():
+            lengths = by_source.get(source)
+            if lengths:
+                self.policy.observe(
+                    backup=Backup(source),
+                    accept_length_backup=sum(lengths) / len(lengths),
+                    t_backup=None if timing is None else timing.backup_s,
+                )
+
+    def observe_round_time(self, mode: RoundMode, batch_size: int, round_s: float) -> None:
+        """A finished round's wall time in seconds for `batch_size` (>= 1) requests, to
+        `RoundModePolicy` (the caller skips a speculative round right after plain ones)."""
+        self.round_mode.observe(mode, batch_size, round_s)
+
+    # ------------------------------------------------------------ live settings
+    def apply(self, changes: Mapping[str, Any], config: SSDConfig) -> None:
+        """Live `changes` (already in `config`, the settings now in force) that steer the
+        planner: a pinned or self-tuned D, the plain-rounds setting, the backup mode."""
+        if "tree_depth" in changes:  # 0 self-tunes again (the config holds None)
+            self.tuner.pin(config.tree_depth)
+        if "plain_rounds" in changes:
+            self.round_mode.setting = changes["plain_rounds"]
+        if "backup" in changes:
+            self.policy.mode = Backup(changes["backup"]) if changes["backup"] != "auto" else "auto"
+
+    def stats(self) -> dict[str, float]:
+        """For `/ssd/stats`' `speculator`: the tuner's figures, the D in force and the round
+        modes chosen (`RoundModePolicy.stats`)."""
+        return {
+            **self.tuner.stats(),
+            "tree_depth": float(self.tree_depth),
+            **self.round_mode.stats(),
+        }
+
+
+def _tokens_left(req: Any) -> int:
+    """Tokens the request may still generate (its max_new_tokens minus its output so far)."""
+    limit = req.sampling_params.max_new_tokens
+    return ALL_TOKENS_LEFT if limit is None else int(limit) - len(req.output_ids)

@@ -1,0 +1,139 @@
+"""The round planner (issue 29, item 1): the round's mode once per round, the Step's backup and
+tree depth only when a Step goes out, and what each round's drafts and outcomes teach the miss
+policy and the depth tuner. No process, no SGLang."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from sglang_ssd.config import SSDConfig
+from sglang_ssd.saguaro import Backup
+from sglang_ssd.saguaro.acceptance import AcceptanceCounts
+from sglang_ssd.transport import SpeculatorTiming, TransportError
+from sglang_ssd.worker.draft_batch import DraftBatch
+from sglang_ssd.worker.draft_provider import LocalNgramProvider
+from sglang_ssd.worker.planner import RoundPlanner, StepChoice, default_policy
+from sglang_ssd.worker.round_mode import RoundMode
+from sglang_ssd.worker.speculator_client import SpeculatorClient
+
+GAMMA = 4
+
+
+def req(rid: str, max_new_tokens: int | None = 16, output: int = 0) -> Any:
+    """An SGLang-like request with `output` tokens generated so far."""
+    return SimpleNamespace(
+        rid=rid,
+        origin_input_ids=[1, 2, 3, 1, 2, 3],
+        output_ids=[1] * output,
+        sampling_params=SimpleNamespace(max_new_tokens=max_new_tokens),
+    )
+
+
+@pytest.mark.parametrize(
+    ("setting", "reqs", "mode"),
+    [
+        ("never", [req("a"), req("b", max_new_tokens=1)], RoundMode.SPECULATE),
+        ("always", [req("a")], RoundMode.PLAIN),
+        ("auto", [req("a")], RoundMode.SPECULATE),  # L_r unknown yet: measure it
+        ("auto", [req("a", 4, output=3), req("b", None)], RoundMode.SPECULATE),
+        ("auto", [req("a", 4, output=3), req("b", 1)], RoundMode.PLAIN),  # no token to draft
+    ],
+)
+def test_the_round_mode_is_decided_once_per_round(setting: str, reqs: list, mode: RoundMode):
+    planner = RoundPlanner(SSDConfig(lookahead=GAMMA, plain_rounds=setting))
+    assert planner.plan(reqs) == mode
+    assert planner.plain_rounds == (mode == RoundMode.PLAIN)
+    assert planner.stats()["speculative_rounds"] == (mode == RoundMode.SPECULATE)
+
+
+def test_the_step_carries_the_backup_and_depth_in_force() -> None:
+    planner = RoundPlanner(SSDConfig(lookahead=GAMMA, backup="ngram"))
+    assert planner.step(2) == StepChoice(backup="ngram", tree_depth=GAMMA)  # γ before a build
+    config = SSDConfig(lookahead=GAMMA, backup="jit", tree_depth=2)
+    planner.apply({"tree_depth": 2, "backup": "jit"}, config)
+    assert planner.step(2) == StepChoice(backup="jit", tree_depth=2) and planner.tree_depth == 2
+    planner.apply({"tree_depth": 0}, config.replace(tree_depth=None))  # self-tunes from D = 2
+    assert planner.stats()["tree_depth_pinned"] == 0.0 and planner.step(1).tree_depth == 2
+    sync = RoundPlanner(SSDConfig(lookahead=GAMMA, mode="sync", backup="ngram"))
+    assert sync.step(8) == StepChoice(backup="jit", tree_depth=0) and sync.tree_depth == 0
+
+
+class StepSpy(RoundPlanner):
+    """A planner that counts the Steps it shaped."""
+
+    def __init__(self) -> None:
+        super().__init__(SSDConfig(lookahead=GAMMA))
+        self.steps = 0
+
+    def step(self, batch_size: int) -> StepChoice:
+        self.steps += 1
+        return super().step(batch_size)
+
+
+def client_over(usable: bool) -> SpeculatorClient:
+    """A client whose speculator is down (`usable` False) or times out on every Step."""
+    client = object.__new__(SpeculatorClient)
+    client.lock = threading.Lock()
+    client.supervisor = SimpleNamespace(usable=lambda: usable, fault=lambda reason: None)
+    client.local = LocalNgramProvider(GAMMA)
+
+    def timeout(reqs: Any, planner: RoundPlanner) -> DraftBatch:
+        planner.step(len(reqs))  # the Step went out, then no drafts came
+        raise TransportError("no drafts within 0.5 s")
+
+    client._remote_drafts = timeout
+    return client
+
+
+def test_only_a_step_sent_asks_for_a_backup_and_depth() -> None:
+    """The tuner's choice moves its state: a round the target drafts alone chooses nothing."""
+    planner, reqs = StepSpy(), [req("a"), req("b")]
+    batch = client_over(usable=False).drafts(reqs, planner)
+    assert batch.sources == ["local-ngram"] * 2 and planner.steps == 0
+    batch = client_over(usable=True).drafts(reqs, planner)
+    assert batch.sources == ["local-ngram"] * 2 and planner.steps == 1
+
+
+def test_outcomes_teach_the_policy_and_the_tuner_from_the_rounds_drafts() -> None:
+    config = SSDConfig(lookahead=GAMMA)
+    planner = RoundPlanner(config)
+    drafts = DraftBatch(
+        tokens=torch.zeros(4, GAMMA, dtype=torch.int64),
+        depth=torch.tensor([2, GAMMA, 3, GAMMA]),
+        q=None,
+        has_q=torch.zeros(4, dtype=torch.bool),
+        sources=["cache", "ngram", "cache", "local-ngram"],
+    )
+    timing = SpeculatorTiming(build_s=0.3, backup_s=0.02)
+    planner.observe_outcomes(drafts, [2, 1, 0, 3], 0.25, timing)
+
+    hits = AcceptanceCounts()
+    hits.observe([2, 0], [2, 3])  # each hit's k against its own depth D
+    assert planner.tuner.alpha == pytest.approx(hits.alpha)
+    expected = default_policy(config)
+    expected.observe(hit_rate=0.5, t_verify=0.25, t_spec=0.3)
+    expected.alpha_hit = hits.alpha
+    expected.observe(backup=Backup("ngram"), accept_length_backup=2.0, t_backup=0.02)
+    policy = planner.policy
+    assert (policy.p_hit, policy.t_verify, policy.t_spec, policy.alpha_hit) == pytest.approx(
+        (expected.p_hit, expected.t_verify, expected.t_spec, expected.alpha_hit)
+    )
+    assert policy.backups == expected.backups  # the n-gram backup learned, JIT untouched
+
+    before = (policy.t_verify, policy.t_spec)
+    planner.observe_outcomes(drafts, [0, 0, 0, 0], None, None)  # nothing timed this round
+    assert (policy.t_verify, policy.t_spec) == before
+
+
+def test_plain_rounds_and_backups_change_live() -> None:
+    planner = RoundPlanner(SSDConfig(lookahead=GAMMA))
+    planner.apply({"plain_rounds": "always", "backup": "random"}, SSDConfig(lookahead=GAMMA))
+    assert planner.plain_now and planner.policy.mode == Backup("random")
+    assert planner.plan([req("a")]) == RoundMode.PLAIN and planner.plain_rounds == 1
+    planner.apply({"backup": "auto"}, SSDConfig(lookahead=GAMMA))
+    assert planner.policy.mode == "auto"
