@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from sglang_ssd.saguaro.sampling import TOP_K_ALL
-from sglang_ssd.transport import FeatureSpan, Outcome, SamplingSpec, Step
+from sglang_ssd.transport import FeatureSpan, Open, Outcome, SamplingSpec, Step
 
 if TYPE_CHECKING:
     from sglang_ssd.worker.planner import StepChoice
@@ -43,6 +43,14 @@ def outcome_since(
     if at >= len(tokens) or bonus not in (None, tokens[at]):
         return None
     return Outcome(rid=rid, accept_len=k, bonus=tokens[at], extra=list(tokens[at + 1 :]))
+
+
+def open_message(req: Any, tokens: list[int], prespeculate: bool = False) -> Open:
+    """The `Open` of an SGLang `Req` whose committed `tokens` the speculator is to prefill;
+    `prespeculate`: build its speculation cache right away (async mode, at prefill)."""
+    return Open(
+        rid=req.rid, token_ids=tokens, sampling=sampling_spec(req), prespeculate=prespeculate
+    )
 
 
 def step_message(

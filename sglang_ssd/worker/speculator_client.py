@@ -24,7 +24,6 @@ from sglang_ssd.phases import PhaseTimer
 from sglang_ssd.placement import TargetGpus, place
 from sglang_ssd.transport import (
     Close,
-    Open,
     ReceivedDrafts,
     RemoteError,
     SpeculatorTiming,
@@ -37,8 +36,8 @@ from sglang_ssd.worker.drafts_reply import reply_batch
 from sglang_ssd.worker.feature_buffer import FeatureBuffer
 from sglang_ssd.worker.request_messages import (
     ends_at_prefill,
+    open_message,
     outcome_since,
-    sampling_spec,
     step_message,
 )
 from sglang_ssd.worker.supervisor import Supervisor
@@ -141,14 +140,8 @@ class SpeculatorClient:
                         continue
                     if req.rid not in self.opened:
                         prompt = list(req.origin_input_ids)
-                        self.link.send(
-                            Open(
-                                rid=req.rid,
-                                token_ids=prompt,
-                                sampling=sampling_spec(req),
-                                prespeculate=self.config.mode == "async",
-                            )
-                        )
+                        prespeculate = self.config.mode == "async"
+                        self.link.send(open_message(req, prompt, prespeculate))
                         self.opened[req.rid] = len(prompt)
                     self.last_seen[req.rid] = self.decode_rounds
             except TransportError as exc:
@@ -182,7 +175,7 @@ class SpeculatorClient:
                 if known is not None:
                     link.send(Close(rid=req.rid))
                 self.features.keep_from_start(req.rid)
-                link.send(Open(rid=req.rid, token_ids=tokens, sampling=sampling_spec(req)))
+                link.send(open_message(req, tokens))
             self.opened[req.rid] = len(tokens)
         choice = planner.step(len(reqs))
         self.step_id += 1

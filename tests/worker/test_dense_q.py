@@ -82,3 +82,25 @@ def test_unusable_drafts_are_transport_errors(case: str) -> None:
         q = q[:, :1]
     with pytest.raises(TransportError, match="unusable drafts"):
         _batch(_reply(tokens, q, 8), 6, "cpu")
+
+
+def test_rows_the_speculator_could_not_draft_get_the_targets_own_drafts() -> None:
+    """A "missing" row (the speculator does not hold the request) is drafted by the target's
+    n-gram drafts, which may be deeper than the reply: every row is widened with -1."""
+    reqs = [
+        SimpleNamespace(rid=f"m{i}", origin_input_ids=[5, 6, 7, 5, 6, 7, 5], output_ids=[6])
+        for i in range(2)
+    ]
+    entries = [
+        DraftEntry(rid="m0", source="jit", depth=2, has_q=False),
+        DraftEntry(rid="m1", source="missing", depth=0, has_q=False),
+    ]
+    msg = Drafts(step_id=1, entries=entries, max_depth=2, vocab_size=8)
+    got = ReceivedDrafts(msg, torch.tensor([[1, 2], [-1, -1]]), None)
+    local = LocalNgramProvider(4)
+    batch, missing = reply_batch(reqs, got, 8, torch.device("cpu"), local)
+    expected = local.drafts(reqs[1:])
+    assert missing == [1] and batch.sources == ["jit", "local-ngram"]
+    assert batch.tokens.tolist()[0] == [1, 2, -1, -1]
+    assert torch.equal(batch.tokens[1], expected.tokens[0])
+    assert batch.depth.tolist() == [2, int(expected.depth[0])] and batch.q is None
