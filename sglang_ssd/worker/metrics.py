@@ -7,6 +7,7 @@ the `/ssd/stats` admin endpoint.
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -14,7 +15,7 @@ from typing import Any
 
 import torch
 
-from sglang_ssd.phases import PhaseTimer
+from sglang_ssd.phases import PhaseTimer, device_sync
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +86,51 @@ class RoundTimer:
         for name, seconds in self.phases.means(self.rounds).items():
             out[f"phase_{name}"] = seconds
         return out
+
+
+class RoundClock:
+    """One decode round's phases at a time, and the scheduler's time between rounds.
+
+    `start` opens a round: its phases go to a fresh `PhaseTimer` (synchronising `device` at
+    phase boundaries on CUDA), which begins with `scheduler`, the time SGLang spent since the
+    previous decode round ended (not after a prefill, `prefill`, whose time is its own). Once
+    `SSDWorker._decode` knows what the round was, its phases are added to that kind of round's
+    `RoundTimer`.
+    """
+
+    def __init__(self, device: Any = "cpu") -> None:
+        self.sync = device_sync(device)
+        self.phases = PhaseTimer(self.sync)
+        self.gap_s = 0.0  # the latest scheduler time between two decode rounds
+        self._start = 0.0
+        self._last_end: float | None = None
+
+    def start(self) -> PhaseTimer:
+        """Open a round; returns its phase timer."""
+        self._start = time.perf_counter()
+        self.phases = PhaseTimer(self.sync)
+        if self._last_end is not None:
+            self.gap_s = self._start - self._last_end
+            self.phases.add("scheduler", self.gap_s)
+        return self.phases
+
+    def round_s(self) -> float:
+        """The round's wall time so far in seconds, the scheduler's gap before it included
+        (the latest gap after a prefill)."""
+        return time.perf_counter() - self._start + self.gap_s
+
+    def stop(self) -> dict[str, float]:
+        """Close the round; returns its seconds by phase."""
+        self._last_end = time.perf_counter()
+        return self.phases.take()
+
+    def prefill(self) -> None:
+        """A prefill ran: the next decode round's gap is not scheduler time."""
+        self._last_end = None
+
+    def spent(self, *names: str) -> float:
+        """Seconds of the open round in the phases `names`."""
+        return sum(self.phases.seconds.get(name, 0.0) for name in names)
 
 
 # Per-request draft-source counts live on SGLang's `Req` under this attribute

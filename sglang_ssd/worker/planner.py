@@ -12,14 +12,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from sglang_ssd.config import SSDConfig
 from sglang_ssd.saguaro import Backup, BackupStats, FallbackPolicy, draft_kinds
 from sglang_ssd.saguaro.self_tuning import DepthTuner
 from sglang_ssd.transport import SpeculatorTiming
 from sglang_ssd.worker.draft_batch import DraftBatch
-from sglang_ssd.worker.round_mode import RoundMode, RoundModePolicy, request_accept_length
+from sglang_ssd.worker.round_mode import (
+    RoundMode,
+    RoundModePolicy,
+    record_request_tokens,
+    request_accept_length,
+)
+from sglang_ssd.worker.tp_sync import RoundPlan
 
 ALL_TOKENS_LEFT = 1 << 30  # tokens left of a request without max_new_tokens
 
@@ -40,6 +46,18 @@ def default_policy(config: SSDConfig) -> FallbackPolicy:
         mode=config.backup,
         batch_threshold_override=config.batch_threshold if config.backup == "auto" else None,
     )
+
+
+class DraftSource(Protocol):
+    """What the planner needs of the speculator client (`SpeculatorClient`)."""
+
+    last_timing: SpeculatorTiming | None
+
+    def drafts(self, reqs: Sequence[Any], planner: RoundPlanner) -> DraftBatch: ...
+
+    def record_outcomes(
+        self, rids: Sequence[str], accept_lens: list[int], bonus: list[int]
+    ) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -65,6 +83,7 @@ class RoundPlanner:
         self.policy = default_policy(config)
         self.round_mode = RoundModePolicy(config.plain_rounds)
         self.tuner = DepthTuner(config.lookahead, pinned=config.tree_depth)
+        self._last_mode: RoundMode | None = None
 
     # ------------------------------------------------------------ decisions
     def plan(self, reqs: Sequence[Any]) -> RoundMode:
@@ -76,6 +95,16 @@ class RoundPlanner:
         return self.round_mode.choose(
             [_tokens_left(req) for req in reqs], [request_accept_length(req) for req in reqs]
         )
+
+    def plan_round(self, reqs: Sequence[Any], client: DraftSource) -> RoundPlan:
+        """The next decode round of `reqs` (SGLang `Req`s, batch order; >= 1): its mode
+        (`plan`) and, when it speculates, `client`'s drafts for the Step it shapes (the
+        speculator's, or the client's own n-gram drafts after a timeout or fault); a plain
+        round has none."""
+        mode = self.plan(reqs)
+        if mode == RoundMode.PLAIN:
+            return RoundPlan(mode, DraftBatch.plain(len(reqs)))
+        return RoundPlan(mode, client.drafts(reqs, self))
 
     def step(self, batch_size: int) -> StepChoice:
         """The backup and D of the Step the client sends now for `batch_size` (>= 1) requests.
@@ -108,9 +137,9 @@ class RoundPlanner:
         return 0 if self.sync else self.tuner.depth
 
     @property
-    def plain_now(self) -> bool:
-        """Whether plain rounds are the mode in use (prefills then borrow the speculator's
-        cores too)."""
+    def prefill_lends_cores(self) -> bool:
+        """Whether a prefill forward runs on the speculator's cores too: while plain rounds are
+        the mode in use (the speculator is idle then)."""
         return self.round_mode.plain_now
 
     @property
@@ -164,10 +193,42 @@ class RoundPlanner:
                     t_backup=None if timing is None else timing.backup_s,
                 )
 
-    def observe_round_time(self, mode: RoundMode, batch_size: int, round_s: float) -> None:
-        """A finished round's wall time in seconds for `batch_size` (>= 1) requests, to
-        `RoundModePolicy` (the caller skips a speculative round right after plain ones)."""
-        self.round_mode.observe(mode, batch_size, round_s)
+    def close_round(
+        self,
+        client: DraftSource,
+        reqs: Sequence[Any],
+        plan: RoundPlan,
+        outcome: tuple[list[int], list[int]],
+        verify_s: float,
+        round_s: float,
+    ) -> None:
+        """A verified decode round of `reqs` (batch order), planned as `plan`.
+
+        A speculative round's outcomes go to `client` (sent with the next Step; a plain
+        round's tokens reach the speculator as `Outcome.extra` instead) and into the policy's
+        and tuner's measurements (`observe_outcomes`), and each request's L_r. The round's wall
+        time goes to `RoundModePolicy`, except a speculative round's right after plain ones (it
+        pays the switch: a cold cache).
+
+        Args:
+            outcome: (k, bonus token) per request, batch order.
+            verify_s: the verify batch's build and forward in seconds.
+            round_s: the round's wall time in seconds (scheduler time before it included).
+        """
+        accept_lens, bonus = outcome
+        cold = plan.mode == RoundMode.SPECULATE and self._last_mode == RoundMode.PLAIN
+        self._last_mode = plan.mode
+        if not reqs or plan.mode != RoundMode.SPECULATE:
+            if reqs:
+                self.round_mode.observe(plan.mode, len(reqs), round_s)
+            return
+        client.record_outcomes([req.rid for req in reqs], accept_lens, bonus)
+        self.observe_outcomes(plan.drafts, accept_lens, verify_s, client.last_timing)
+        if cold:
+            return
+        self.round_mode.observe(plan.mode, len(reqs), round_s)
+        for req, k in zip(reqs, accept_lens, strict=True):
+            record_request_tokens(req, k + 1)
 
     # ------------------------------------------------------------ live settings
     def apply(self, changes: Mapping[str, Any], config: SSDConfig) -> None:

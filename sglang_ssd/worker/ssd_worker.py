@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from typing import Any
 
 import torch
@@ -25,7 +24,7 @@ from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_f
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.managers.utils import GenerationBatchResult
-from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.runtime_context import get_device, get_parallel, get_spec
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
@@ -33,15 +32,13 @@ from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcac
 
 from sglang_ssd.config import SSDConfig, TargetCapacity
 from sglang_ssd.eagle3.config import head_feature_layers
-from sglang_ssd.phases import PhaseTimer
 from sglang_ssd.placement import TargetGpus
 from sglang_ssd.saguaro import SamplingBatch, filter_order
-from sglang_ssd.worker.draft_batch import DraftBatch
-from sglang_ssd.worker.feature_buffer import extend_features, verify_features
-from sglang_ssd.worker.metrics import RoundTimer, count_request_rounds
+from sglang_ssd.worker.metrics import RoundClock, RoundTimer, count_request_rounds
 from sglang_ssd.worker.planner import RoundPlanner
 from sglang_ssd.worker.request_options import shape_verify_logits
-from sglang_ssd.worker.round_mode import RoundMode, record_request_tokens
+from sglang_ssd.worker.round_mode import RoundMode
+from sglang_ssd.worker.round_observers import FeatureShipper, RoundObserver
 from sglang_ssd.worker.speculator_admin import SpeculatorAdmin, speculator_config
 from sglang_ssd.worker.speculator_client import SpeculatorClient
 from sglang_ssd.worker.tp_sync import RoundPlan, TpGroup, share_outcome, share_plan
@@ -82,8 +79,13 @@ class SSDWorker(BaseSpecWorker):
         self.generator = torch.Generator(device=self.device).manual_seed(seed + 7919)
         self.draft_model_path = spec.speculative_draft_model_path
         # An EAGLE-3 head draft reads the target's features (`eagle3_capture` made the model
-        # capture them): every target forward returns them (FULL) and they go to the speculator.
-        self.ships_features, _ = head_feature_layers(self.draft_model_path)
+        # capture them): its observer asks every forward for them and ships them.
+        ships_features, _ = head_feature_layers(self.draft_model_path)
+        self.features = FeatureShipper() if ships_features else None
+        self.observers: list[RoundObserver] = [self.features] if self.features else []
+        self.forward_kwargs: dict[str, Any] = {}
+        for observer in self.observers:
+            self.forward_kwargs.update(observer.forward_kwargs)
         self.tp = _tp_group()  # None with one TP rank: no broadcasts at all
         self.dp_rank = _dp_rank()  # this scheduler's DP replica: its own speculator and socket
         # Started by `alloc_memory_pool`, once the target's capacity (which sizes the
@@ -92,12 +94,10 @@ class SSDWorker(BaseSpecWorker):
         self.speculator_admin: SpeculatorAdmin | None = None  # live settings and counters
         self.planner: RoundPlanner | None = None  # each round's mode, backup and tree depth
         # Phases synchronise the target's device at their boundaries on CUDA (GPU time).
-        self.timer = RoundTimer(phases=PhaseTimer.for_device(self.device))  # speculative rounds
-        # Plain rounds (no draft, cores lent).
-        self.plain_timer = RoundTimer(phases=PhaseTimer.for_device(self.device))
-        self._last_decode_end: float | None = None
-        self._gap_s = 0.0  # the latest scheduler time between two decode rounds
-        self._last_mode: RoundMode | None = None
+        self.clock = RoundClock(self.device)
+        self.timers = {mode: RoundTimer() for mode in RoundMode}  # totals by round mode
+        self.timer = self.timers[RoundMode.SPECULATE]  # read by /ssd/stats and the log line
+        self.plain_timer = self.timers[RoundMode.PLAIN]
 
     # ------------------------------------------------------------ SGLang plumbing
     @property
@@ -135,6 +135,8 @@ class SSDWorker(BaseSpecWorker):
             dp_rank=self.dp_rank,
             target_model_path=self.server_args.model_path,
         )
+        if self.features is not None:
+            self.features.sink = self.speculator_client
         self.speculator_admin = SpeculatorAdmin(
             self.speculator_client, capacity, on_configure=self.planner.apply
         )
@@ -156,17 +158,14 @@ class SSDWorker(BaseSpecWorker):
         return self._extend(batch, on_publish)
 
     def _extend(self, batch: ScheduleBatch, on_publish: Any) -> GenerationBatchResult:
-        self._last_decode_end = None  # the gap to the next decode round holds this prefill
+        self.clock.prefill()  # the gap to the next decode round holds this prefill
         client = self.speculator_client
         if client is not None:
             client.prepare(batch.reqs)
-        with self._cores(self.planner is not None and self.planner.plain_now):
-            result = self._target_worker.forward_batch_generation(batch, **self._capture())
-        if client is not None and self.ships_features:
-            rows = extend_features(
-                result.logits_output.hidden_states, batch.prefix_lens, batch.extend_lens
-            )
-            client.add_features([req.rid for req in batch.reqs], rows)
+        with self._cores(self.planner is not None and self.planner.prefill_lends_cores):
+            result = self._target_worker.forward_batch_generation(batch, **self.forward_kwargs)
+        for observer in self.observers:
+            observer.extended([req.rid for req in batch.reqs], result.logits_output, batch)
         bs = len(batch.reqs)
         predict = result.next_token_ids
         accept_tokens = torch.zeros(bs, self.width, dtype=torch.int32, device=self.device)
@@ -186,161 +185,85 @@ class SSDWorker(BaseSpecWorker):
         )
 
     def _decode(self, batch: ScheduleBatch, on_publish: Any) -> GenerationBatchResult:
-        """One decode round, speculative or plain (the `RoundPlanner` decides): drafts (none in a
-        plain round), one TARGET_VERIFY forward over W positions per request (γ + 1; 1 in a
-        plain round, with the speculator's cores lent to the target), verification, KV moves
-        of the accepted tokens, bookkeeping. Each step is timed as a phase of the round timer
-        (`wait_draft`, `build_batch`, `forward`, `verify`, `commit`, `record`, and
-        `scheduler`: the time SGLang spent between two decode rounds); plain rounds have their
-        own timer (`self.plain_timer`)."""
-        t_start = time.perf_counter()
-        if self._last_decode_end is not None:
-            self._gap_s = t_start - self._last_decode_end
-        bs = len(batch.reqs)
-        plan = self._plan(batch)
-        mode, drafts = plan.mode, plan.drafts
-        plain = mode == RoundMode.PLAIN
-        timer = self.plain_timer if plain else self.timer
-        phases = timer.phases
-        if self._last_decode_end is not None:
-            phases.add("scheduler", self._gap_s)
-        width = 1 if plain else self.width
-        t_drafts = time.perf_counter()
-        phases.add("wait_draft", t_drafts - t_start)
+        """One decode round: plan (mode and drafts: `RoundPlanner`, TP rank 0's broadcast) →
+        build the TARGET_VERIFY batch over W positions per request → the target's forward →
+        verify (`saguaro`) → commit the accepted tokens' KV → record (outcomes, planner,
+        observers) → SGLang's result. Each step is a phase of the round's clock; the phases go
+        to the timer of the round's mode (`self.timers`)."""
+        phases = self.clock.start()
+        with phases.phase("wait_draft"):
+            plan = self._plan(batch)
         with phases.phase("build_batch"):
-            seq_lens, verify_ids = self._build_verify_batch(batch, drafts, width)
-        with phases.phase("forward"), self._cores(plain):
-            result = self._target_worker.forward_batch_generation(
-                batch, is_verify=True, **self._capture()
-            )
-        logits_output = result.logits_output
-        t_forward = time.perf_counter()
+            seq_lens, verify_ids = self._build_verify_batch(batch, plan)
+        with phases.phase("forward"), self._cores(plan.lends_cores):
+            logits_output = self._target_worker.forward_batch_generation(
+                batch, is_verify=True, **self.forward_kwargs
+            ).logits_output
         with phases.phase("verify"):
-            shape_verify_logits(batch, logits_output.next_token_logits, verify_ids, drafts.tokens)
-            verified = self._verify(batch, logits_output.next_token_logits, drafts, width)
+            verified = self._verify(batch, logits_output, verify_ids, plan)
         with phases.phase("commit"):
-            accept_lens, accept_index, predict = self._commit(batch, logits_output, verified)
-            new_seq_lens = seq_lens + accept_lens
-            if on_publish is not None:
-                on_publish(new_seq_lens)
+            committed = self._commit(batch, logits_output, verified, seq_lens, on_publish)
         with phases.phase("record"):
-            self._record_round(batch, drafts, verified, (t_start, t_drafts, t_forward), timer)
-            self._ship_features(batch, logits_output, seq_lens, verified, width)
-        batch.forward_mode = ForwardMode.DECODE
-        # SGLang reads each request's first accept_len tokens at stride self.width.
-        accept_tokens = torch.nn.functional.pad(
-            predict[accept_index].view(bs, width), (0, self.width - width)
-        ).flatten()
-        self._last_decode_end = time.perf_counter()
-        self._measure_round(batch, mode, verified, self._last_decode_end - t_start + self._gap_s)
-        return self._result(
-            logits_output,
-            next_token_ids=accept_tokens,
-            accept_tokens=accept_tokens,
-            accept_lens=accept_lens,
-            new_seq_lens=new_seq_lens,
-            can_run_cuda_graph=False,
-        )
-
-    def _capture(self) -> dict[str, Any]:
-        """The target forward's keyword for an EAGLE-3 head draft: capture FULL, so that
-        `logits_output.hidden_states` holds every position's features (`eagle3_capture`)."""
-        return {"capture_hidden_mode": CaptureHiddenMode.FULL} if self.ships_features else {}
-
-    def _ship_features(
-        self,
-        batch: ScheduleBatch,
-        logits_output: Any,
-        seq_lens: torch.Tensor,
-        verified: VerifiedBatch,
-        width: int,
-    ) -> None:
-        """An EAGLE-3 head draft's features of the positions this round committed (root and
-        accepted tokens; the bonus token's come next round) to the speculator client."""
-        if self.speculator_client is None or not self.ships_features:
-            return
-        rows = verify_features(
-            logits_output.hidden_states,
-            seq_lens.tolist(),
-            verified.accept_len.tolist(),
-            width,
-        )
-        self.speculator_client.add_features([req.rid for req in batch.reqs], rows)
+            self._record_round(batch, plan, logits_output, seq_lens, verified)
+        self._close_round(batch, plan, verified)
+        return self._result(logits_output, can_run_cuda_graph=False, **committed)
 
     def _plan(self, batch: ScheduleBatch) -> RoundPlan:
-        """The round's mode and drafts: decided here with one rank; with TP, on rank 0 and
-        broadcast (`tp_sync.share_plan`), so every rank forwards the same tokens."""
-        if self.tp is None:
-            return self._decide(batch)
-        return share_plan(
-            self.tp, len(batch.reqs), self.speculative_num_steps, lambda: self._decide(batch)
-        )
-
-    def _decide(self, batch: ScheduleBatch) -> RoundPlan:
-        """The leading rank's plan: the planner's mode, then the speculator client's drafts
-        for the Step the planner shapes (its own n-gram drafts after a timeout or fault), none
-        in a plain round.
+        """The round's mode and drafts, from the planner with one rank; with TP, on rank 0
+        and broadcast (`tp_sync.share_plan`), so every rank forwards the same tokens.
 
         Raises:
-            RuntimeError: on a rank without the planner (a follower plans nothing).
+            RuntimeError: on the leading rank before the speculator client exists.
         """
-        planner, client = self.planner, self.speculator_client
-        if planner is None or client is None:
-            raise RuntimeError("only the leading TP rank plans SSD rounds")
-        mode = planner.plan(batch.reqs)
-        if mode == RoundMode.PLAIN:
-            return RoundPlan(mode, DraftBatch.plain(len(batch.reqs)))
-        return RoundPlan(mode, client.drafts(batch.reqs, planner))
+
+        def decide() -> RoundPlan:
+            if self.planner is None or self.speculator_client is None:
+                raise RuntimeError("only the leading TP rank plans SSD rounds")
+            return self.planner.plan_round(batch.reqs, self.speculator_client)
+
+        if self.tp is None:
+            return decide()
+        return share_plan(self.tp, len(batch.reqs), self.speculative_num_steps, decide)
 
     def _verify(
-        self, batch: ScheduleBatch, logits: torch.Tensor, drafts: DraftBatch, width: int
+        self, batch: ScheduleBatch, logits_output: Any, verify_ids: torch.Tensor, plan: RoundPlan
     ) -> VerifiedBatch:
-        """`verify_batch` here with one rank; with TP on rank 0 only, its outcome broadcast
+        """SGLang's logit processing of the request options (`shape_verify_logits`), then
+        `verify_batch` here with one rank; with TP on rank 0 only, its outcome broadcast
         (`tp_sync.share_outcome`), so every rank commits the same tokens."""
+        logits = logits_output.next_token_logits
+        shape_verify_logits(batch, logits, verify_ids, plan.drafts.tokens)
+        width = plan.width(self.speculative_num_steps)
 
         def verify() -> VerifiedBatch:
             sampling = _sampling_of(batch, self.server_args.sampling_backend)
-            return verify_batch(logits, drafts, sampling, width, self.generator)
+            return verify_batch(logits, plan.drafts, sampling, width, self.generator)
 
         if self.tp is None:
             return verify()
-        return share_outcome(self.tp, drafts, width, verify)
+        return share_outcome(self.tp, plan.drafts, width, verify)
 
-    def _measure_round(
-        self, batch: ScheduleBatch, mode: RoundMode, verified: VerifiedBatch, round_s: float
-    ) -> None:
-        """Round time to the planner, tokens to each request's L_r; a speculative
-        round right after plain ones is not measured (it pays the switch: a cold cache)."""
-        cold = mode == RoundMode.SPECULATE and self._last_mode == RoundMode.PLAIN
-        self._last_mode = mode
-        if cold:
-            return
-        if self.planner is not None:
-            self.planner.observe_round_time(mode, len(batch.reqs), round_s)
-        if mode == RoundMode.SPECULATE:
-            for req, k in zip(batch.reqs, verified.accept_len.tolist(), strict=True):
-                record_request_tokens(req, k + 1)
-
-    def _cores(self, plain: bool) -> contextlib.AbstractContextManager[None]:
-        """A plain round's forward runs on the speculator's cores too (`cores_lent`), and so
-        does a prefill while plain rounds are the mode in use (on the leading rank: the
+    def _cores(self, lend: bool) -> contextlib.AbstractContextManager[None]:
+        """With `lend`, the block (a plain round's forward; a prefill while plain rounds are the
+        mode in use) runs on the speculator's cores too (`cores_lent`, leading rank only: the
         speculator runs beside it)."""
-        if plain and self.speculator_client is not None:
+        if lend and self.speculator_client is not None:
             return self.speculator_client.supervisor.cores_lent()
         return contextlib.nullcontext()
 
     def _build_verify_batch(
-        self, batch: ScheduleBatch, drafts: DraftBatch, width: int
+        self, batch: ScheduleBatch, plan: RoundPlan
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Turn the decode `batch` into a TARGET_VERIFY batch over [root, d_1 .. d_{W-1}] per
-        request, with KV slots for all W = `width` positions; returns the seq lens before the
-        round and the verify tokens (int64 [B, W] on the CPU)."""
+        request, with KV slots for all W positions (`plan.width`); returns the seq lens before
+        the round and the verify tokens (int64 [B, W] on the CPU)."""
         bs = len(batch.reqs)
+        width = plan.width(self.speculative_num_steps)
         roots = [
             req.output_ids[-1] if len(req.output_ids) else req.origin_input_ids[-1]
             for req in batch.reqs
         ]
-        verify_ids = verify_tokens(roots, drafts, width)
+        verify_ids = verify_tokens(roots, plan.drafts, width)
         input_ids = verify_ids.reshape(-1).to(self.device)
         seq_lens = batch.seq_lens
         positions = (
@@ -364,11 +287,18 @@ class SSDWorker(BaseSpecWorker):
         return seq_lens, verify_ids
 
     def _commit(
-        self, batch: ScheduleBatch, logits_output: Any, verified: VerifiedBatch
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Keep the accepted tokens' KV (and their logprobs when asked); returns SGLang's
-        (accept_lens int32 [B], accept_index int64 [B, W], predict int64 [B * W]) on the
-        target's device."""
+        self,
+        batch: ScheduleBatch,
+        logits_output: Any,
+        verified: VerifiedBatch,
+        seq_lens: torch.Tensor,
+        on_publish: Any,
+    ) -> dict[str, torch.Tensor]:
+        """Keep the accepted tokens' KV (and their logprobs when asked), publish the new seq
+        lens; returns `_result`'s tensors on the target's device: accept_lens int32 [B],
+        new_seq_lens [B], and the accepted tokens int64 [B * γ+1] at stride γ + 1 (SGLang reads
+        each request's first accept_len of them), as both next_token_ids and accept_tokens."""
+        bs, width = len(batch.reqs), verified.accept_index.shape[1]
         accept_lens = verified.accept_lens_with_bonus.to(self.device)
         accept_index = verified.accept_index.to(self.device)
         predict = verified.predict.to(self.device)
@@ -379,37 +309,57 @@ class SSDWorker(BaseSpecWorker):
             from sglang.srt.layers.logprob_processor import compute_spec_logprobs
 
             compute_spec_logprobs(batch, logits_output, predict, accept_index=accept_index)
-        return accept_lens, accept_index, predict
+        new_seq_lens = seq_lens + accept_lens
+        if on_publish is not None:
+            on_publish(new_seq_lens)
+        batch.forward_mode = ForwardMode.DECODE
+        accept_tokens = torch.nn.functional.pad(
+            predict[accept_index].view(bs, width), (0, self.width - width)
+        ).flatten()
+        return {
+            "next_token_ids": accept_tokens,
+            "accept_tokens": accept_tokens,
+            "accept_lens": accept_lens,
+            "new_seq_lens": new_seq_lens,
+        }
 
     def _record_round(
         self,
         batch: ScheduleBatch,
-        drafts: DraftBatch,
+        plan: RoundPlan,
+        logits_output: Any,
+        seq_lens: torch.Tensor,
         verified: VerifiedBatch,
-        times: tuple[float, float, float],
-        timer: RoundTimer,
     ) -> None:
-        """Outcomes to the speculator and the planner (speculative rounds only: a plain round's
-        tokens reach the speculator with the next Step), the round's timers and per-request
-        source counts; `times` are perf_counter seconds at the round's start, drafts in hand,
-        forward done."""
-        t_start, t_drafts, t_forward = times
+        """The round's outcomes and measurements to the planner (leading rank:
+        `RoundPlanner.close_round`, which sends a speculative round's outcomes to the client),
+        what the round committed to the observers."""
+        accept_lens = verified.accept_len.tolist()
         client, planner = self.speculator_client, self.planner
-        if timer is self.timer and client is not None and planner is not None and batch.reqs:
-            accept_lens = verified.accept_len.tolist()
-            client.record_outcomes(
-                [req.rid for req in batch.reqs], accept_lens, verified.bonus.tolist()
-            )
-            planner.observe_outcomes(drafts, accept_lens, t_forward - t_drafts, client.last_timing)
+        if client is not None and planner is not None:
+            outcome = (accept_lens, verified.bonus.tolist())
+            verify_s = self.clock.spent("build_batch", "forward")
+            planner.close_round(client, batch.reqs, plan, outcome, verify_s, self.clock.round_s())
+        rids = [req.rid for req in batch.reqs]
+        width = plan.width(self.speculative_num_steps)
+        for observer in self.observers:
+            observer.verified(rids, logits_output, seq_lens.tolist(), accept_lens, width)
+
+    def _close_round(self, batch: ScheduleBatch, plan: RoundPlan, verified: VerifiedBatch) -> None:
+        """The round's phases to its mode's timer; per-request draft-source counts."""
+        phases = self.clock.stop()
+        timer = self.timers[plan.mode]
+        forward_s = phases.get("build_batch", 0.0) + phases.get("forward", 0.0)
         timer.record(
             batch_size=len(batch.reqs),
-            wait_draft_s=t_drafts - t_start,
-            verify_s=time.perf_counter() - t_drafts,
-            forward_s=t_forward - t_drafts,
+            wait_draft_s=phases.get("wait_draft", 0.0),
+            verify_s=forward_s + sum(phases.get(n, 0.0) for n in ("verify", "commit", "record")),
+            forward_s=forward_s,
             accept_len=verified.accept_len,
-            sources=drafts.sources,
+            sources=plan.drafts.sources,
         )
-        count_request_rounds(batch.reqs, drafts.sources)
+        timer.phases.merge(phases)
+        count_request_rounds(batch.reqs, plan.drafts.sources)
 
     def _result(
         self,

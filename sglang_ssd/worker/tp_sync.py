@@ -96,6 +96,17 @@ class RoundPlan:
     mode: RoundMode
     drafts: DraftBatch
 
+    def width(self, lookahead: int) -> int:
+        """W, the positions per request of the round's TARGET_VERIFY forward at γ =
+        `lookahead`: the root and γ draft slots, or the root alone in a plain round."""
+        return lookahead + 1 if self.mode == RoundMode.SPECULATE else 1
+
+    @property
+    def lends_cores(self) -> bool:
+        """Whether the forward runs on the speculator's cores too (a plain round: the
+        speculator is stopped meanwhile, `core_lending`)."""
+        return self.mode == RoundMode.PLAIN
+
 
 def plan_size(batch_size: int, lookahead: int) -> int:
     """Bytes of a broadcast plan of `batch_size` rows at lookahead γ = `lookahead`: the length

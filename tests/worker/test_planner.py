@@ -133,7 +133,52 @@ def test_outcomes_teach_the_policy_and_the_tuner_from_the_rounds_drafts() -> Non
 def test_plain_rounds_and_backups_change_live() -> None:
     planner = RoundPlanner(SSDConfig(lookahead=GAMMA))
     planner.apply({"plain_rounds": "always", "backup": "random"}, SSDConfig(lookahead=GAMMA))
-    assert planner.plain_now and planner.policy.mode == Backup("random")
+    assert planner.prefill_lends_cores and planner.policy.mode == Backup("random")
     assert planner.plan([req("a")]) == RoundMode.PLAIN and planner.plain_rounds == 1
     planner.apply({"backup": "auto"}, SSDConfig(lookahead=GAMMA))
     assert planner.policy.mode == "auto"
+
+
+class OutcomeSpy:
+    """A speculator client that drafts nothing remotely and keeps the outcomes it is given."""
+
+    last_timing = None
+
+    def __init__(self) -> None:
+        self.local = LocalNgramProvider(GAMMA)
+        self.outcomes: list[tuple[list[str], list[int], list[int]]] = []
+
+    def drafts(self, reqs: Any, planner: RoundPlanner) -> DraftBatch:
+        planner.step(len(reqs))
+        return self.local.drafts(reqs)
+
+    def record_outcomes(self, rids: Any, accept_lens: list[int], bonus: list[int]) -> None:
+        self.outcomes.append((list(rids), accept_lens, bonus))
+
+
+def test_a_round_closes_by_its_mode() -> None:
+    """A speculative round's outcomes go to the client and into the L_r and round times; a
+    plain round's tokens do not (they reach the speculator as `Outcome.extra`); the speculative
+    round after plain ones pays the switch and its time is not measured."""
+    planner, client, reqs = RoundPlanner(SSDConfig(lookahead=GAMMA)), OutcomeSpy(), [req("a")]
+    spec = planner.plan_round(reqs, client)
+    assert spec.mode == RoundMode.SPECULATE and spec.width(GAMMA) == GAMMA + 1
+    assert not spec.lends_cores and spec.drafts.sources == ["local-ngram"]
+    planner.close_round(client, reqs, spec, ([2], [7]), 0.2, 0.5)
+    assert client.outcomes == [(["a"], [2], [7])]
+    assert planner.round_mode.rate(RoundMode.SPECULATE, 1, 3.0) == pytest.approx(3.0 / 0.5)
+    assert reqs[0].ssd_accept_length.value == 3.0  # k + 1 tokens this round
+
+    planner.apply({"plain_rounds": "always"}, SSDConfig(lookahead=GAMMA))
+    plain = planner.plan_round(reqs, client)
+    assert plain.mode == RoundMode.PLAIN and plain.width(GAMMA) == 1 and plain.lends_cores
+    planner.close_round(client, reqs, plain, ([0], [5]), 0.1, 0.25)
+    assert len(client.outcomes) == 1 and reqs[0].ssd_accept_length.count == 1
+    assert planner.round_mode.rate(RoundMode.PLAIN, 1) == pytest.approx(1 / 0.25)
+
+    planner.apply({"plain_rounds": "never"}, SSDConfig(lookahead=GAMMA))
+    cold = planner.plan_round(reqs, client)
+    planner.close_round(client, reqs, cold, ([0], [9]), 0.2, 9.0)  # the switch: slow, cold
+    assert client.outcomes[-1] == (["a"], [0], [9])
+    assert planner.round_mode.rate(RoundMode.SPECULATE, 1) == pytest.approx(1 / 0.5)
+    assert reqs[0].ssd_accept_length.count == 1

@@ -1,11 +1,13 @@
-"""RoundTimer: per-round totals and the per-source acceptance the speedup model needs."""
+"""RoundTimer: per-round totals and the per-source acceptance the speedup model needs;
+RoundClock: one round's phases and the scheduler's time between rounds."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from sglang_ssd.worker.metrics import RoundTimer
+from sglang_ssd.worker import metrics
+from sglang_ssd.worker.metrics import RoundClock, RoundTimer
 
 
 def test_round_timer_splits_acceptance_by_draft_source() -> None:
@@ -24,3 +26,20 @@ def test_round_timer_splits_acceptance_by_draft_source() -> None:
 def test_round_timer_rejects_mismatched_sources() -> None:
     with pytest.raises(ValueError):
         RoundTimer().record(2, 0.0, 0.0, 0.0, torch.tensor([1, 2]), ["cache"])
+
+
+def test_round_clock_opens_each_round_with_the_scheduler_gap(monkeypatch) -> None:
+    clock_now = iter([10.0, 10.5, 11.0, 13.0, 13.25, 20.0, 21.0])
+    monkeypatch.setattr(metrics.time, "perf_counter", lambda: next(clock_now))
+    clock = RoundClock()
+    phases = clock.start()  # 10.0: the first round has no gap
+    phases.add("forward", 0.4)
+    assert clock.spent("forward", "verify") == pytest.approx(0.4)
+    assert clock.round_s() == pytest.approx(0.5)  # 10.5
+    assert clock.stop() == {"forward": 0.4}  # ends at 11.0
+    phases = clock.start()  # 13.0: two seconds of scheduler time since the round ended
+    assert phases.seconds == {"scheduler": pytest.approx(2.0)}
+    assert clock.round_s() == pytest.approx(0.25 + 2.0)  # 13.25, the gap included
+    clock.stop()  # 20.0
+    clock.prefill()
+    assert "scheduler" not in clock.start().seconds  # 21.0: the prefill's time is its own
