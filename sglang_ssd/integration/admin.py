@@ -93,17 +93,8 @@ def stats(worker: SSDWorker, scheduler: Any = None) -> dict[str, Any]:
     (`fallback`), the speculator's, the client's and the planner's counters (`speculator`), the
     DP replica that answers (`dp_rank`) and, given the `scheduler`, its running and waiting
     requests."""
-    out: dict[str, Any] = _timer_summary(worker.timer)
+    out: dict[str, Any] = worker.timer.snapshot().summary()
     out["dp_rank"] = worker.dp_rank
-    groups = (
-        ("source_", "rounds_by_source"),
-        ("accepted_", "accepted_by_source"),
-        ("phase_", "target_phases"),
-    )
-    for prefix, key in groups:
-        grouped = {k[len(prefix) :]: v for k, v in out.items() if k.startswith(prefix)}
-        out = {k: v for k, v in out.items() if not k.startswith(prefix)}
-        out[key] = grouped
     speculator = {**worker.speculator_admin.stats(), **worker.planner.stats()}
     steps = max(speculator.get("steps", 0.0), 1.0)
     for name in ("build_s", "lookup_s", "backup_s", "send_s"):
@@ -115,10 +106,8 @@ def stats(worker: SSDWorker, scheduler: Any = None) -> dict[str, Any]:
         if name in speculator:
             out[name] = speculator[name]
     out["speculator"] = speculator
-    plain = _timer_summary(worker.plain_timer)
-    out["plain_rounds"] = {
-        k: plain[k] for k in ("rounds", "request_rounds", "avg_forward_s") if k in plain
-    }
+    plain = worker.plain_timer.snapshot().summary()
+    out["plain_rounds"] = {k: plain[k] for k in ("rounds", "request_rounds", "avg_forward_s")}
     out.update(round_balance(out["target_phases"], worker.speculator_client))
     if scheduler is not None:
         out.update(scheduler_load(scheduler))
@@ -161,18 +150,6 @@ def fallback(policy: FallbackPolicy) -> dict[str, Any]:
             for k, v in dict(policy.backups).items()
         },
     }
-
-
-def _timer_summary(timer: Any, attempts: int = 3) -> dict[str, Any]:
-    """`RoundTimer.summary()` read from this thread while the scheduler thread records rounds
-    (iterating its source counter can meet a key being added: retry)."""
-    for attempt in range(attempts):
-        try:
-            return dict(timer.summary())
-        except RuntimeError:
-            if attempt == attempts - 1:
-                raise
-    return {}
 
 
 def configure(worker: SSDWorker, changes: LiveSettings) -> AdminReply:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from sglang_ssd.integration.registration import is_ssd
 from sglang_ssd.phases import largest
+from sglang_ssd.worker.metrics import RoundStats
 
 if TYPE_CHECKING:
     from sglang_ssd.worker.metrics import RoundTimer
@@ -43,31 +44,34 @@ GAUGES: dict[str, str] = {
 
 @dataclass
 class Window:
-    """SSD totals over the rounds since the previous decode report."""
+    """SSD totals over the rounds since the previous decode report.
 
-    rounds: int = 0
-    requests: int = 0
-    hits: int = 0
-    wait_draft_s: float = 0.0
-    verify_s: float = 0.0
-    forward_s: float = 0.0
-    target_busy_s: float = 0.0  # the target's phases except waiting for drafts
-    speculator_rounds: int = 0  # Drafts received
+    Attributes:
+        rounds: the target's speculative rounds in the window (`RoundStats` difference).
+        speculator_rounds: Drafts received in the window.
+        speculator_phases: the speculator's seconds by phase in the window.
+        tree_depth: the D in force at the report (self-tuned or pinned); 0: unknown.
+        plain_rounds: rounds without speculation in the window (`RoundPlanner.plain_rounds`).
+    """
+
+    rounds: RoundStats = field(default_factory=RoundStats)
+    speculator_rounds: int = 0
     speculator_phases: dict[str, float] = field(default_factory=dict)
-    tree_depth: int = 0  # the D in force at the report (self-tuned or pinned); 0: unknown
-    plain_rounds: int = 0  # rounds without speculation (`RoundPlanner.plain_rounds`)
+    tree_depth: int = 0
+    plain_rounds: int = 0
 
     def values(self) -> dict[str, float]:
-        """Per-round means and per-request-round rates (0 for an empty window)."""
-        rounds, requests = max(self.rounds, 1), max(self.requests, 1)
+        """Per-round means and per-request-round rates (0 for an empty window), by gauge name."""
+        stats = self.rounds
+        rounds, requests = max(stats.rounds, 1), max(stats.requests, 1)
         spec_round = sum(self.speculator_phases.values()) / max(self.speculator_rounds, 1)
-        target_round = self.target_busy_s / rounds
+        target_round = stats.target_busy_s / rounds
         return {
-            "cache_hit_rate": self.hits / requests,
-            "backup_rate": (self.requests - self.hits) / requests if self.requests else 0.0,
-            "wait_draft_seconds": self.wait_draft_s / rounds,
-            "verify_seconds": self.verify_s / rounds,
-            "forward_seconds": self.forward_s / rounds,
+            "cache_hit_rate": stats.hits / requests,
+            "backup_rate": (stats.requests - stats.hits) / requests if stats.requests else 0.0,
+            "wait_draft_seconds": stats.wait_draft_s / rounds,
+            "verify_seconds": stats.verify_s / rounds,
+            "forward_seconds": stats.forward_s / rounds,
             "speculator_round_seconds": spec_round,
             "target_round_seconds": target_round,
             "t_p": spec_round / target_round if target_round > 0 else 0.0,
@@ -95,23 +99,17 @@ class Window:
 
 @dataclass
 class WindowTracker:
-    """Turns the `RoundTimer`'s running totals (and the speculator's phases the client summed)
-    into windows between reports."""
+    """Turns running totals (the `RoundTimer`'s snapshot, the speculator's phases the client
+    summed, the planner's plain rounds) into windows between reports: each a difference of two
+    snapshots of the same structs `/ssd/stats` shows."""
 
     last: Window = field(default_factory=Window)
 
     def take(self, timer: RoundTimer, client: SpeculatorClient, planner: RoundPlanner) -> Window:
         """The window since the previous call (the first: since start); `planner` gives the D
         in force and the plain rounds chosen."""
-        target = dict(timer.phases.seconds)
         now = Window(
-            rounds=timer.rounds,
-            requests=timer.requests,
-            hits=timer.sources.get("cache", 0),
-            wait_draft_s=timer.wait_draft_s,
-            verify_s=timer.verify_s,
-            forward_s=timer.forward_s,
-            target_busy_s=sum(target.values()) - target.get("wait_draft", 0.0),
+            rounds=timer.snapshot(),
             speculator_rounds=client.drafts_received,
             speculator_phases=dict(client.speculator_phases.seconds),
             tree_depth=planner.tree_depth,
@@ -120,12 +118,6 @@ class WindowTracker:
         last, self.last = self.last, now
         return Window(
             rounds=now.rounds - last.rounds,
-            requests=now.requests - last.requests,
-            hits=now.hits - last.hits,
-            wait_draft_s=now.wait_draft_s - last.wait_draft_s,
-            verify_s=now.verify_s - last.verify_s,
-            forward_s=now.forward_s - last.forward_s,
-            target_busy_s=now.target_busy_s - last.target_busy_s,
             speculator_rounds=now.speculator_rounds - last.speculator_rounds,
             speculator_phases={
                 k: v - last.speculator_phases.get(k, 0.0) for k, v in now.speculator_phases.items()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,22 +20,86 @@ from sglang_ssd.phases import PhaseTimer, device_sync
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class RoundTimer:
-    """Running totals over decode rounds.
+@dataclass(frozen=True)
+class RoundStats:
+    """The target's totals over decode rounds of one mode, at one moment (`RoundTimer.snapshot`),
+    or over a window between two moments (`later - earlier`).
 
     Attributes:
         rounds: decode rounds verified.
         requests: request-rounds (Σ batch sizes).
-        wait_draft_s: time the target waited for drafts (includes transport).
-        verify_s: time from drafts in hand to the verified result (forward + verify).
-        forward_s: building the verify batch and the TARGET_VERIFY forward (by phase: `phases`).
+        wait_draft_s: seconds the target waited for drafts (transport included).
+        verify_s: seconds from drafts in hand to the round recorded (build, forward, verify,
+            commit, record).
+        forward_s: seconds building the verify batch and running the TARGET_VERIFY forward.
         accepted: Σ accepted draft tokens (bonus excluded).
-        sources: request-rounds by draft source (cache, jit, ngram, random, local-ngram).
+        sources: request-rounds by draft source (cache, jit, ngram, random, local-ngram, plain).
         accepted_by_source: Σ accepted draft tokens by draft source (acceptance on hits vs
             misses, for the speedup model's α_hit and α_miss).
-        phases: the target's seconds by phase of its rounds (`SSDWorker._decode`).
+        phases: seconds by phase of the rounds (`SSDWorker._decode`, `RoundClock`).
     """
+
+    rounds: int = 0
+    requests: int = 0
+    wait_draft_s: float = 0.0
+    verify_s: float = 0.0
+    forward_s: float = 0.0
+    accepted: int = 0
+    sources: Mapping[str, int] = field(default_factory=dict)
+    accepted_by_source: Mapping[str, int] = field(default_factory=dict)
+    phases: Mapping[str, float] = field(default_factory=dict)
+
+    def __sub__(self, earlier: RoundStats) -> RoundStats:
+        """The window from `earlier` to this snapshot (every total, each key's difference)."""
+
+        def minus(now: Mapping[str, Any], then: Mapping[str, Any]) -> dict[str, Any]:
+            return {k: v - then.get(k, 0) for k, v in now.items()}
+
+        return RoundStats(
+            rounds=self.rounds - earlier.rounds,
+            requests=self.requests - earlier.requests,
+            wait_draft_s=self.wait_draft_s - earlier.wait_draft_s,
+            verify_s=self.verify_s - earlier.verify_s,
+            forward_s=self.forward_s - earlier.forward_s,
+            accepted=self.accepted - earlier.accepted,
+            sources=minus(self.sources, earlier.sources),
+            accepted_by_source=minus(self.accepted_by_source, earlier.accepted_by_source),
+            phases=minus(self.phases, earlier.phases),
+        )
+
+    @property
+    def hits(self) -> int:
+        """Request-rounds whose draft was a speculation-cache hit."""
+        return int(self.sources.get("cache", 0))
+
+    @property
+    def target_busy_s(self) -> float:
+        """The target's seconds in its rounds' phases except waiting for drafts."""
+        return sum(v for k, v in self.phases.items() if k != "wait_draft")
+
+    def summary(self) -> dict[str, Any]:
+        """`/ssd/stats`' view: counts, per-round means (seconds), rates, and the per-source and
+        per-phase groups (`rounds_by_source`, `accepted_by_source`, `target_phases`: seconds
+        per round)."""
+        rounds, requests = max(self.rounds, 1), max(self.requests, 1)
+        return {
+            "rounds": self.rounds,
+            "request_rounds": self.requests,
+            "avg_wait_draft_s": self.wait_draft_s / rounds,
+            "avg_verify_s": self.verify_s / rounds,
+            "avg_forward_s": self.forward_s / rounds,
+            "accept_length": 1.0 + self.accepted / requests,
+            "cache_hit_rate": self.hits / requests,
+            "rounds_by_source": dict(self.sources),
+            "accepted_by_source": dict(self.accepted_by_source),
+            "target_phases": {k: v / rounds for k, v in sorted(self.phases.items())},
+        }
+
+
+@dataclass
+class RoundTimer:
+    """Running totals over decode rounds of one mode (the fields of `RoundStats`); written by
+    the scheduler thread, read through `snapshot` from any thread."""
 
     rounds: int = 0
     requests: int = 0
@@ -56,6 +120,12 @@ class RoundTimer:
         accept_len: torch.Tensor,
         sources: list[str],
     ) -> None:
+        """Add one round of `batch_size` requests: its seconds, k per request (`accept_len`
+        int [B]) and each request's draft source.
+
+        Raises:
+            ValueError: when `sources` and `accept_len` differ in length.
+        """
         self.rounds += 1
         self.requests += batch_size
         self.wait_draft_s += wait_draft_s
@@ -66,26 +136,32 @@ class RoundTimer:
         for source, accepted in zip(sources, accept_len.tolist(), strict=True):
             self.accepted_by_source[source] += int(accepted)
 
-    def summary(self) -> dict[str, float]:
-        """Averages per round and rates, for logs and the stats endpoint."""
-        rounds = max(self.rounds, 1)
-        requests = max(self.requests, 1)
-        out = {
-            "rounds": self.rounds,
-            "request_rounds": self.requests,
-            "avg_wait_draft_s": self.wait_draft_s / rounds,
-            "avg_verify_s": self.verify_s / rounds,
-            "avg_forward_s": self.forward_s / rounds,
-            "accept_length": 1.0 + self.accepted / requests,
-            "cache_hit_rate": self.sources.get("cache", 0) / requests,
-        }
-        for source, count in self.sources.items():
-            out[f"source_{source}"] = count
-        for source, count in self.accepted_by_source.items():
-            out[f"accepted_{source}"] = count
-        for name, seconds in self.phases.means(self.rounds).items():
-            out[f"phase_{name}"] = seconds
-        return out
+    def snapshot(self, attempts: int = 3) -> RoundStats:
+        """The totals now. From another thread while rounds are recorded, copying a counter can
+        meet a key being added: retried up to `attempts` times.
+
+        Raises:
+            RuntimeError: when every attempt met a concurrent change.
+        """
+        for _ in range(attempts - 1):
+            try:
+                return self._copy()
+            except RuntimeError:
+                continue
+        return self._copy()
+
+    def _copy(self) -> RoundStats:
+        return RoundStats(
+            rounds=self.rounds,
+            requests=self.requests,
+            wait_draft_s=self.wait_draft_s,
+            verify_s=self.verify_s,
+            forward_s=self.forward_s,
+            accepted=self.accepted,
+            sources=dict(self.sources),
+            accepted_by_source=dict(self.accepted_by_source),
+            phases=dict(self.phases.seconds),
+        )
 
 
 class RoundClock:

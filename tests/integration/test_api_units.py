@@ -28,6 +28,7 @@ from sglang_ssd.transport.wire import (
 )
 from sglang_ssd.worker import metrics as worker_metrics
 from sglang_ssd.worker.planner import RoundPlanner
+from tests.integration import stats_keys
 
 
 def test_only_what_cannot_be_applied_per_position_is_refused() -> None:
@@ -267,6 +268,15 @@ def test_admin_stats_and_errors() -> None:
     assert admin.handle(FakeWorker(), b"{not json").status == 400
 
 
+def test_admin_stats_keys_are_pinned() -> None:
+    """The keys users read come from typed structs; none appears, vanishes or is renamed
+    without `stats_keys` changing too."""
+    body = admin.http_body("stats", _ask(FakeWorker(), "stats"))
+    assert stats_keys.STATS_KEYS <= set(body) <= stats_keys.STATS_KEYS | stats_keys.SPECULATOR_KEYS
+    assert set(body["plain_rounds"]) == stats_keys.PLAIN_ROUNDS_KEYS
+    assert set(body["fallback"]) == stats_keys.FALLBACK_KEYS
+
+
 def test_admin_stats_report_the_schedulers_requests() -> None:
     scheduler = SimpleNamespace(running_batch=SimpleNamespace(reqs=["a", "b"]), waiting_queue=["c"])
     frame = encode_admin(AdminRequest(op="stats"))
@@ -315,7 +325,7 @@ def test_decode_window_and_log_filter() -> None:
     client.speculator_phases.merge({"tree_1": 0.1, "glue": 0.2})
     client.drafts_received += 2
     second = tracker.take(timer, client, planner)
-    assert (second.rounds, second.requests, second.hits) == (2, 2, 2)
+    assert (second.rounds.rounds, second.rounds.requests, second.rounds.hits) == (2, 2, 2)
     assert second.values()["wait_draft_seconds"] == pytest.approx(0.1)
     assert second.values()["target_round_seconds"] == pytest.approx(0.2)
     assert second.values()["speculator_round_seconds"] == pytest.approx(0.15)

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from eval.servers import Server
+from tests.integration import stats_keys
 
 PROMPT_IDS = [68, 69, 70, 0, 70, 73, 66, 79, 78]  # "def fibon"
 REFUSED = "SSD cannot apply"
@@ -248,6 +249,8 @@ def test_admin_stats(server: SSDClient) -> None:
     assert {"glue", "tree_1", "lm_head", "sampling", "lookup", "pack", "send"} <= set(speculator)
     assert stats["speculator_round_s"] == pytest.approx(sum(speculator.values()))
     assert stats["t_p"] == pytest.approx(stats["speculator_round_s"] / stats["target_round_s"])
+    pinned = stats_keys.STATS_KEYS | stats_keys.SPECULATOR_KEYS | stats_keys.SCHEDULER_KEYS
+    assert set(stats) == pinned
 
 
 # ------------------------------------------------------------------ per-request metrics

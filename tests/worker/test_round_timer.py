@@ -14,13 +14,31 @@ def test_round_timer_splits_acceptance_by_draft_source() -> None:
     timer = RoundTimer()
     timer.record(2, 0.1, 0.5, 0.4, torch.tensor([4, 1]), ["cache", "jit"])
     timer.record(1, 0.3, 0.5, 0.4, torch.tensor([2]), ["cache"])
-    out = timer.summary()
+    timer.phases.merge({"forward": 0.8, "wait_draft": 0.4})
+    out = timer.snapshot().summary()
     assert out["rounds"] == 2 and out["request_rounds"] == 3
     assert out["accept_length"] == pytest.approx(1 + 7 / 3)
     assert out["cache_hit_rate"] == pytest.approx(2 / 3)
-    assert out["source_cache"] == 2 and out["source_jit"] == 1
-    assert out["accepted_cache"] == 6 and out["accepted_jit"] == 1
+    assert out["rounds_by_source"] == {"cache": 2, "jit": 1}
+    assert out["accepted_by_source"] == {"cache": 6, "jit": 1}
     assert out["avg_wait_draft_s"] == pytest.approx(0.2)
+    assert out["target_phases"] == pytest.approx({"forward": 0.4, "wait_draft": 0.2})
+
+
+def test_a_window_is_the_difference_of_two_snapshots() -> None:
+    timer = RoundTimer()
+    timer.record(2, 0.1, 0.5, 0.4, torch.tensor([4, 1]), ["cache", "jit"])
+    timer.phases.merge({"forward": 0.4, "wait_draft": 0.1})
+    before = timer.snapshot()
+    timer.record(1, 0.3, 0.6, 0.2, torch.tensor([2]), ["cache"])
+    timer.phases.merge({"forward": 0.2, "wait_draft": 0.3, "verify": 0.05})
+    window = timer.snapshot() - before
+    assert (window.rounds, window.requests, window.accepted, window.hits) == (1, 1, 2, 1)
+    assert window.sources == {"cache": 1, "jit": 0}
+    assert window.accepted_by_source == {"cache": 2, "jit": 0}
+    assert window.phases == pytest.approx({"forward": 0.2, "wait_draft": 0.3, "verify": 0.05})
+    assert window.target_busy_s == pytest.approx(0.25)  # waiting for drafts left out
+    assert before.rounds == 1  # a snapshot does not move with the timer
 
 
 def test_round_timer_rejects_mismatched_sources() -> None:
