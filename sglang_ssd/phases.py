@@ -31,6 +31,7 @@ class PhaseTimer:
     Attributes:
         seconds: phase name -> total seconds.
         calls: phase name -> times the phase was entered.
+        last: phase name -> seconds of its latest entry (kept by `take`).
         sync: called at each phase's start and end, before the clock is read (None: the host
             clock alone; `for_device` gives a CUDA device's synchronise).
     """
@@ -38,6 +39,7 @@ class PhaseTimer:
     def __init__(self, sync: Callable[[], None] | None = None) -> None:
         self.seconds: dict[str, float] = {}
         self.calls: dict[str, int] = {}
+        self.last: dict[str, float] = {}
         self.active: str | None = None
         self.sync = sync
 
@@ -70,6 +72,7 @@ class PhaseTimer:
     def add(self, name: str, seconds: float) -> None:
         """Add `seconds` (>= 0) to `name`."""
         self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+        self.last[name] = seconds
         self.calls[name] = self.calls.get(name, 0) + 1
 
     def merge(self, seconds: Mapping[str, float]) -> None:

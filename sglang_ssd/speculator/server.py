@@ -17,6 +17,7 @@ from typing import TypeVar
 
 import torch
 
+from sglang_ssd.phases import PhaseTimer
 from sglang_ssd.speculator.engine import OutcomeIn, SpeculatorEngine
 from sglang_ssd.speculator.state import Draft
 from sglang_ssd.transport import (
@@ -51,15 +52,11 @@ class SpeculatorServer:
         self.link = link
         self.engine = engine
         self.parent_pid = parent_pid
-        self.build_s = 0.0  # the latest pre-speculation's seconds
         self._forwards_reported = engine.model.forward_count  # draft forwards told the target
-        self.counters: dict[str, float] = {
-            "steps": 0,
-            "build_s": 0.0,
-            "lookup_s": 0.0,
-            "backup_s": 0.0,
-            "send_s": 0.0,
-        }
+        # Each Step's work, measured once: `lookup` (outcomes and features in), `backup`
+        # (serving the drafts), `send`, and `build` (pre-speculation after the Step). Totals
+        # since start feed `counters`; each Step's own seconds feed its `SpeculatorTiming`.
+        self.steps = PhaseTimer()
 
     def run(self) -> None:
         """Loop until Shutdown, a lost parent, or a transport failure (which ends the process:
@@ -129,32 +126,34 @@ class SpeculatorServer:
         self.link.send(ConfigureAck(applied=LiveSettings.of(self.engine.config)))
 
     def _step(self, step: Step) -> None:
-        engine = self.engine
-        phases = engine.phases
-        t0 = time.perf_counter()
-        outcomes = [OutcomeIn(o.rid, o.accept_len, o.bonus, o.extra) for o in step.outcomes]
-        engine.build_depth = step.tree_depth  # for every build until the next Step
-        engine.apply_outcomes(outcomes)
-        self._add_features(step)
-        t1 = time.perf_counter()
-        drafts = self._timed_rest(
-            "serve", lambda: engine.serve(step.requests, step.backup, engine.config.lookahead)
-        )
-        t2 = time.perf_counter()
-        with phases.phase("pack"):
-            reply, tokens, q = self._pack(step, drafts, self._timing(t1 - t0, t2 - t1))
+        engine, steps = self.engine, self.steps
+        with steps.phase("lookup"):
+            outcomes = [OutcomeIn(o.rid, o.accept_len, o.bonus, o.extra) for o in step.outcomes]
+            engine.build_depth = step.tree_depth  # for every build until the next Step
+            engine.apply_outcomes(outcomes)
+            self._add_features(step)
+        with steps.phase("backup"):
+            drafts = self._timed_rest(
+                "serve", lambda: engine.serve(step.requests, step.backup, engine.config.lookahead)
+            )
+        with engine.phases.phase("pack"):
+            reply, tokens, q = self._pack(step, drafts, self._timing())
         send_s = self.link.send_drafts(reply, tokens, q)
-        phases.add("send", send_s)
-        self.counters["send_s"] += send_s
-        self.counters["steps"] += 1
-        self.counters["lookup_s"] += t1 - t0
-        self.counters["backup_s"] += t2 - t1
-        self.build_s = 0.0
+        engine.phases.add("send", send_s)
+        steps.add("send", send_s)
+        steps.last["build"] = 0.0  # until this Step's build, none ran after it
         if engine.config.mode == "async":
-            t3 = time.perf_counter()
-            self._timed_rest("build", lambda: engine.build(step.requests))
-            self.build_s = time.perf_counter() - t3
-            self.counters["build_s"] += self.build_s
+            with steps.phase("build"):
+                self._timed_rest("build", lambda: engine.build(step.requests))
+
+    @property
+    def counters(self) -> dict[str, float]:
+        """Totals since start for `/ssd/stats`: Steps served and the seconds of each part of
+        them (`lookup_s`, `backup_s`, `send_s`, `build_s`), a view of `steps`."""
+        out: dict[str, float] = {"steps": float(self.steps.calls.get("lookup", 0))}
+        for name in ("build", "lookup", "backup", "send"):
+            out[f"{name}_s"] = self.steps.seconds.get(name, 0.0)
+        return out
 
     def _add_features(self, step: Step) -> None:
         """The Step's target features (an EAGLE-3 head draft; the link received the tensor with
@@ -179,7 +178,7 @@ class SpeculatorServer:
         phases.add(f"{name}_other", max(elapsed - (sum(phases.seconds.values()) - claimed), 0.0))
         return result
 
-    def _timing(self, lookup_s: float, backup_s: float) -> SpeculatorTiming:
+    def _timing(self) -> SpeculatorTiming:
         """This Step's timing: the latest build, this Step's lookup and backup, and the phases
         since the previous Drafts (which the target sums for `/ssd/stats`) with the draft
         forwards they ran (the target's `DepthTuner` divides by them)."""
@@ -187,10 +186,11 @@ class SpeculatorServer:
         forwards = engine.model.forward_count - self._forwards_reported
         self._forwards_reported = engine.model.forward_count
         build_forwards, engine.build_forwards = engine.build_forwards, 0
+        last = self.steps.last
         return SpeculatorTiming(
-            build_s=self.build_s,
-            lookup_s=lookup_s,
-            backup_s=backup_s,
+            build_s=last.get("build", 0.0),
+            lookup_s=last.get("lookup", 0.0),
+            backup_s=last.get("backup", 0.0),
             phases=engine.phases.take(),
             forwards=forwards,
             build_forwards=build_forwards,
