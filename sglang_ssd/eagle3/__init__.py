@@ -5,8 +5,8 @@
 - `load`: strict loading and saving of head folders (`load_head`, `save_head`).
 - `features`: which target layers feed the head and those features from a transformers target.
 
-Imports torch, transformers and safetensors only (no SGLang), so the speculator, a trainer and
-the GPU machine can use it.
+Imports torch, transformers and safetensors only (no SGLang), so the speculator, the trainer
+(`sglang_ssd.build`, offline) and the GPU machine can use it.
 """
 
 from sglang_ssd.eagle3.config import ARCHITECTURE, Eagle3Config, is_eagle3_head

@@ -1,5 +1,6 @@
 """`python -m sglang_ssd.models {pull,list,build}`: fetch the real model pair, show what is
-present, train an EAGLE-3 head for the target (`build eagle3`, see `sglang_ssd.eagle3.build`)."""
+present, train an EAGLE-3 head for the target (`build eagle3`, see
+`sglang_ssd.build.eagle3_head`)."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def _parser() -> argparse.ArgumentParser:
         "build",
         help="train an EAGLE-3 head for the target on this CPU (resumable)",
         description="Train an EAGLE-3 head for the target on this CPU and store it with a "
-        "manifest (sglang_ssd.eagle3.build); running it again resumes an interrupted build.",
+        "manifest (sglang_ssd.build.eagle3_head); running it again resumes an interrupted build.",
     )
     build.add_argument("kind", choices=["eagle3"], help="what to build: eagle3")
     build.add_argument(
@@ -104,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _build(args: argparse.Namespace) -> int:
     """`build eagle3`: train (or resume) the head; 0 when written or already present."""
-    from sglang_ssd.eagle3.build import MANIFEST, BuildSpec, build
+    from sglang_ssd.build.eagle3_head import MANIFEST, BuildSpec, build
 
     target = args.target or store.model_dir(MODELS[TARGET_MODEL])
     if not (Path(target) / "config.json").is_file():

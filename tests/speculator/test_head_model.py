@@ -127,8 +127,8 @@ def test_load_takes_the_targets_embeddings(tiny_eagle3_head: tuple, tiny_target:
     transformers target's own embeddings, over real target features."""
     from transformers import AutoModelForCausalLM
 
+    from sglang_ssd.build.target_pass import target_pass
     from sglang_ssd.eagle3 import load_head
-    from sglang_ssd.eagle3.target_pass import target_pass
 
     folder, _ = tiny_eagle3_head
     model = HeadDraftModel.load(folder, tiny_target, dtype=torch.float32, num_slots=64)

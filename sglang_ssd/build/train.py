@@ -25,11 +25,11 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from sglang_ssd.build.target_pass import target_pass
+from sglang_ssd.build.ttt import unrolled_loss
 from sglang_ssd.eagle3.config import Eagle3Config
 from sglang_ssd.eagle3.features import capture_layers
 from sglang_ssd.eagle3.head import Eagle3Head
-from sglang_ssd.eagle3.target_pass import target_pass
-from sglang_ssd.eagle3.ttt import unrolled_loss
 
 CHECKPOINT = "checkpoint.pt"
 

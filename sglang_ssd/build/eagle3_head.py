@@ -10,7 +10,7 @@ and the training checkpoint, so running the same command again continues):
    from those sources (`answers`, `answer_share` of the budget). Held out: the files after the
    training budget give the agreement sequences and the greedy texts that measure accept length.
 2. Draft vocabulary: the `draft_vocab` most frequent ids of the training tokens, plus the
-   tokenizer's special and EOS ids (`speculator.draft_vocab.top_ids`), as the head's `d2t`.
+   tokenizer's special and EOS ids (`build.vocab.top_ids`), as the head's `d2t`.
 3. Training (`train.train`), with the learning curve measured at `milestones` minutes: top-1
    agreement and the greedy accept length at γ = `gamma` (`evaluate`).
 4. The head folder (SGLang's format, `load.save_head`, plus the target's tokenizer files) and
@@ -31,12 +31,13 @@ from typing import Any
 
 import torch
 
+from sglang_ssd.build import answers as answers_mod
+from sglang_ssd.build import corpus, evaluate, train
+from sglang_ssd.build.vocab import special_ids, top_ids
 from sglang_ssd.config import DEFAULT_LOOKAHEAD
-from sglang_ssd.eagle3 import answers as answers_mod
-from sglang_ssd.eagle3 import corpus, evaluate, train
 from sglang_ssd.eagle3.features import default_aux_layer_ids
 from sglang_ssd.eagle3.load import WEIGHTS_FILE, save_head
-from sglang_ssd.speculator import draft_vocab
+from sglang_ssd.speculator.draft_vocab import eos_ids_of
 
 MANIFEST = "manifest.json"
 _TOKENIZER_GLOBS = ("tokenizer*", "vocab*", "merges*", "special_tokens_map.json", "*.jinja")
@@ -181,8 +182,8 @@ def build(
         counts = torch.zeros(target.config.vocab_size, dtype=torch.int64)
         for s in sequences:
             counts += torch.bincount(s, minlength=counts.numel())
-        keep = draft_vocab.special_ids(tokenizer, draft_vocab.eos_ids_of(target.config))
-        draft_ids = draft_vocab.top_ids(counts, min(spec.draft_vocab, counts.numel()), keep)
+        keep = special_ids(tokenizer, eos_ids_of(target.config))
+        draft_ids = top_ids(counts, min(spec.draft_vocab, counts.numel()), keep)
     head = train.new_head(target, draft_ids, aux, seed=spec.seed)
 
     def measure(_minutes: float, h: Any) -> dict[str, float]:

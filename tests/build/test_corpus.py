@@ -1,4 +1,5 @@
-"""The head's training text: evaluation prompts and SGLang's tests never in it."""
+"""The builders' local text: evaluation prompts and SGLang's tests never in it (one rule,
+`corpus.excluded`, for the draft vocabulary and the EAGLE-3 head)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sglang_ssd import eval_prompts
-from sglang_ssd.eagle3 import corpus
+from sglang_ssd.build import corpus
 
 
 @pytest.mark.parametrize(
@@ -20,6 +21,10 @@ from sglang_ssd.eagle3 import corpus
         ("sglang/bench_serving.py", True),
         ("sglang_ssd/config.py", True),
         ("test/test_os.py", True),
+        ("core_evals/mtbench/output.py", True),  # the evaluator's own harness
+        ("sglang/test/long_prompt.txt", True),
+        ("datasets/HumanEval_notes.md", True),  # a file named after a set
+        ("fastchat/llm_judge/data/mt_bench/question.jsonl", True),
         ("sglang/srt/models/qwen2.py", False),
         ("torch/nn/modules/linear.py", False),
         ("json/decoder.py", False),

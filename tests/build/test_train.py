@@ -11,8 +11,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from sglang_ssd.eagle3 import build, evaluate, load, train, ttt
-from sglang_ssd.eagle3.target_pass import target_pass
+from sglang_ssd.build import eagle3_head, evaluate, train, ttt
+from sglang_ssd.build.target_pass import target_pass
+from sglang_ssd.eagle3 import load
 from sglang_ssd.testing.corpus import tiny_corpus
 from sglang_ssd.testing.tiny_models import tokenize
 
@@ -41,7 +42,7 @@ def test_trained_head_beats_untrained_by_20_points(built) -> None:
 def test_manifest_and_folder(built) -> None:
     out, manifest = built
     assert (
-        json.loads((out / build.MANIFEST).read_text())["weights_sha256"]
+        json.loads((out / eagle3_head.MANIFEST).read_text())["weights_sha256"]
         == (manifest["weights_sha256"])
     )
     assert manifest["aux_layer_ids"] == list(AUX)

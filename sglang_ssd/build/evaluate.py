@@ -19,10 +19,10 @@ from collections.abc import Sequence
 
 import torch
 
+from sglang_ssd.build.target_pass import target_pass
+from sglang_ssd.build.ttt import Unroll
 from sglang_ssd.config import DEFAULT_LOOKAHEAD
 from sglang_ssd.eagle3.head import Eagle3Head
-from sglang_ssd.eagle3.target_pass import target_pass
-from sglang_ssd.eagle3.ttt import Unroll
 
 
 @torch.no_grad()
