@@ -9,7 +9,7 @@ names, keyed by `draft_vocab.COUNT_VERSION`: bump it on any change to what is co
 
 CLI, the one entry point (the launcher and the speculator run it in a subprocess on a cache
 miss, `draft_vocab.load_or_build`, so that no serving process imports this package):
-``python -m sglang_ssd.build.vocab --model PATH --size 32768``.
+``python -m sglang_ssd.build.vocab --model PATH [--size N]`` (N: `--ssd-draft-vocab`'s default).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from sglang_ssd.build import corpus
+from sglang_ssd.config import DEFAULT_DRAFT_VOCAB
 from sglang_ssd.speculator import draft_vocab
 from sglang_ssd.speculator.draft_vocab import DraftVocab
 
@@ -118,7 +119,12 @@ def main(argv: list[str] | None = None) -> None:
         "its special and EOS ids.",
     )
     parser.add_argument("--model", required=True, help="HF model folder (tokenizer + config)")
-    parser.add_argument("--size", type=int, default=32768, help="N, the most frequent ids kept")
+    parser.add_argument(
+        "--size",
+        type=int,
+        default=DEFAULT_DRAFT_VOCAB,
+        help=f"N, the most frequent ids kept (default {DEFAULT_DRAFT_VOCAB}, as --ssd-draft-vocab)",
+    )
     parser.add_argument("--vocab-size", type=int, help="V (default: the config's vocab_size)")
     parser.add_argument("--eos-ids", type=int, nargs="*", help="default: the configs' EOS ids")
     args = parser.parse_args(argv)
