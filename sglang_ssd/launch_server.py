@@ -17,6 +17,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sglang_ssd.config import DEFAULT_LOOKAHEAD, SSDConfig, SSDConfigError, add_ssd_args
@@ -141,11 +142,22 @@ def build_config(ssd_ns: argparse.Namespace, sglang_argv: Sequence[str]) -> SSDC
 def _prepare_draft_vocab(config: SSDConfig, sglang_argv: Sequence[str]) -> None:
     """Count the reduced draft vocabulary now, once per tokenizer (cached; on a miss the build
     tool runs in a subprocess, `draft_vocab.load_or_build`), so that the speculator starts
-    without the tens of seconds it takes (`--ssd-draft-vocab`)."""
+    without the tens of seconds it takes (`--ssd-draft-vocab`).
+
+    Raises:
+        SystemExit: when the draft is not a local folder (a Hub id: nothing to count from).
+    """
     draft = _flag_value(sglang_argv, "--speculative-draft-model-path")
     algorithm = (_flag_value(sglang_argv, "--speculative-algorithm") or "").upper()
     if not config.draft_vocab or draft is None or algorithm != DEFAULT_ALGORITHM:
         return
+    if not Path(draft).is_dir():
+        sys.exit(
+            f"error: --speculative-draft-model-path {draft} is not a local folder: SSD's "
+            "speculator loads the draft and counts its vocabulary from a folder (download it "
+            "first, e.g. `python -m sglang_ssd.models pull` for the real pair), or pass "
+            "--ssd-draft-vocab 0"
+        )
     from sglang_ssd.speculator.draft_vocab import for_model
 
     for_model(draft, config.draft_vocab)

@@ -1,6 +1,6 @@
 """Counting a reduced draft vocabulary (`speculator.draft_vocab` holds its format and loader).
 
-Which ids: counts over local text that holds no evaluation prompt (`corpus.vocab_files`, the
+Which ids: counts over local text outside the evaluation packages (`corpus.vocab_files`, the
 exclusion rule `corpus.excluded`): the Python standard library's sources (code, docstrings,
 comments) and the text documentation of installed packages, read in sorted path order up to
 `CORPUS_BYTES`, so the list is a pure function of the installed files. The tokenizer's special

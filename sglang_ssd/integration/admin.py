@@ -121,7 +121,7 @@ def stats(worker: SSDWorker, scheduler: Any = None) -> dict[str, Any]:
 def round_balance(target_phases: dict[str, float], client: SpeculatorClient) -> dict[str, Any]:
     """The speculator's seconds by phase per round (`speculator_phases`), its round
     (`speculator_round_s`), the target's round without waiting for drafts (`target_round_s`)
-    and their ratio `t_p`: the speculator keeps up when T_p <= 1 (DESIGN.md §1, Theorem 7)."""
+    and their ratio `t_p`: the speculator keeps up when T_p <= 1 (paper Theorem 7)."""
     phases = dict(client.speculator_phases.means(client.drafts_received))
     spec_round = sum(phases.values())
     target_round = sum(v for k, v in target_phases.items() if k != "wait_draft")

@@ -31,8 +31,10 @@ DECODE_LOGGER = "sglang.srt.managers.scheduler_components.metrics_reporter"
 GAUGES: dict[str, str] = {
     "cache_hit_rate": "Fraction of SSD request-rounds whose draft was a speculation-cache hit.",
     "wait_draft_seconds": "Mean time per SSD round the target waited for drafts.",
-    "verify_seconds": "Mean time per SSD round from drafts in hand to verified tokens.",
-    "forward_seconds": "Mean time per SSD round of the target's verify forward alone.",
+    "verify_seconds": "Mean time per SSD round from drafts in hand to the round recorded "
+    "(verify batch, forward, verify, commit, record).",
+    "forward_seconds": "Mean time per SSD round building the verify batch and running the "
+    "target's verify forward.",
     "backup_rate": "Fraction of SSD request-rounds drafted by a backup (cache miss).",
     "speculator_round_seconds": "Mean seconds of the speculator's work per Drafts it sent.",
     "target_round_seconds": "Mean seconds per SSD round of the target's work (no draft wait).",

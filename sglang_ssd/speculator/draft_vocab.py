@@ -9,14 +9,14 @@ that q (`saguaro.verify`), so SSD stays lossless: a target token outside the set
 drafted (it can still be the bonus token, drawn from the residual). It changes acceptance,
 never output. EAGLE-3's draft vocabularies (`d2t`) are the same idea.
 
-Which ids: the N most frequent on local text that holds no evaluation prompt, plus the
-tokenizer's special tokens and the model's EOS ids. The counting is a build tool
-(`sglang_ssd.build.vocab`); this module is the format and the loader serving imports. Built once
-per (tokenizer, N, V) and cached under ``~/.cache/sglang_ssd/draft_vocab/`` (or
-`$SGLANG_SSD_CACHE`): on a cache miss, `load_or_build` runs the builder's CLI
-(``python -m sglang_ssd.build.vocab``) in a subprocess, so no serving process imports it. The
-launcher does so before SGLang starts (`launch_server`), the speculator only when started
-without it (tests, `eval`).
+Which ids: the N most frequent on local text outside the evaluation packages
+(`build.corpus.excluded`), plus the tokenizer's special tokens and the model's EOS ids. The
+counting is a build tool (`sglang_ssd.build.vocab`); this module is the format and the loader
+serving imports. Built once per (tokenizer, N, V) and cached under
+``~/.cache/sglang_ssd/draft_vocab/`` (or `$SGLANG_SSD_CACHE`): on a cache miss, `load_or_build`
+runs the builder's CLI (``python -m sglang_ssd.build.vocab``) in a subprocess, so no serving
+process imports it. The launcher does so before SGLang starts (`launch_server`), the speculator
+only when started without it (tests, `eval`).
 """
 
 from __future__ import annotations

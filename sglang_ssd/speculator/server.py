@@ -148,9 +148,9 @@ class SpeculatorServer:
 
     @property
     def counters(self) -> dict[str, float]:
-        """Totals since start for `/ssd/stats`: Steps served and the seconds of each part of
-        them (`lookup_s`, `backup_s`, `send_s`, `build_s`), a view of `steps`."""
-        out: dict[str, float] = {"steps": float(self.steps.calls.get("lookup", 0))}
+        """Totals since start for `/ssd/stats`: Steps answered (Drafts sent) and the seconds of
+        each part of them (`lookup_s`, `backup_s`, `send_s`, `build_s`), a view of `steps`."""
+        out: dict[str, float] = {"steps": float(self.steps.calls.get("send", 0))}
         for name in ("build", "lookup", "backup", "send"):
             out[f"{name}_s"] = self.steps.seconds.get(name, 0.0)
         return out

@@ -192,7 +192,7 @@ class RoundClock:
 
     def round_s(self) -> float:
         """The round's wall time so far in seconds, the scheduler's gap before it included
-        (the latest gap after a prefill)."""
+        (none right after a prefill)."""
         return time.perf_counter() - self._start + self.gap_s
 
     def stop(self) -> dict[str, float]:
@@ -203,6 +203,7 @@ class RoundClock:
     def prefill(self) -> None:
         """A prefill ran: the next decode round's gap is not scheduler time."""
         self._last_end = None
+        self.gap_s = 0.0
 
     def spent(self, *names: str) -> float:
         """Seconds of the open round in the phases `names`."""

@@ -69,7 +69,7 @@ class FeatureShipper:
         self.sink = sink
 
     def extended(self, rids: Sequence[str], logits_output: Any, batch: Any) -> None:
-        if self.sink is None:
+        if self.sink is None or not rids:  # an idle batch has no logits output
             return
         rows = extend_features(logits_output.hidden_states, batch.prefix_lens, batch.extend_lens)
         self.sink.add_features(rids, rows)
@@ -84,7 +84,7 @@ class FeatureShipper:
     ) -> None:
         """Ships the root's and the accepted tokens' features (the bonus token's come next
         round, where it is the root)."""
-        if self.sink is None:
+        if self.sink is None or not rids:
             return
         rows = verify_features(logits_output.hidden_states, seq_lens, accept_lens, width)
         self.sink.add_features(rids, rows)

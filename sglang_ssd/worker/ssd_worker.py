@@ -1,12 +1,12 @@
 """The target side of SSD inside SGLang's scheduler: `SSDWorker`.
 
-Per decode round (DESIGN.md §1–2): ask the `RoundPlanner` what the round does, obtain each
-request's draft from the `SpeculatorClient` (the speculator process's drafts, or the target's
-own n-gram drafts while it is down), run one
-TARGET_VERIFY forward of the target over γ + 1 chain positions, verify with
-`sglang_ssd.saguaro.verify` only (never SGLang's EAGLE verify, which is greedy on CPU), and
-hand SGLang's spec-v2 scheduler the accepted tokens; the outcomes go to the speculator with
-the next round's request. Prefill batches run the target as usual.
+Per decode round (docs/architecture.md, "One decode round"): ask the `RoundPlanner` what the
+round does, obtain each request's draft from the `SpeculatorClient` (the speculator process's
+drafts, or the target's own n-gram drafts while it is down), run one TARGET_VERIFY forward of
+the target over γ + 1 chain positions, verify with `sglang_ssd.saguaro.verify` only (never
+SGLang's EAGLE verify, which is greedy on CPU), and hand SGLang's spec-v2 scheduler the accepted
+tokens; the outcomes go to the speculator with the next round's request. Prefill batches run the
+target as usual.
 
 With `--tp-size N` only TP rank 0 holds the `SpeculatorClient`, its `SpeculatorAdmin` and the
 `RoundPlanner` (one speculator per TP group): it plans each round and verifies, and the other
@@ -205,7 +205,7 @@ class SSDWorker(BaseSpecWorker):
             committed = self._commit(batch, logits_output, verified, seq_lens, on_publish)
         with phases.phase("record"):
             self._record_round(batch, plan, logits_output, seq_lens, verified)
-        self._close_round(batch, plan, verified)
+        self._record_timers(batch, plan, verified)
         return self._result(logits_output, can_run_cuda_graph=False, **committed)
 
     def _plan(self, batch: ScheduleBatch) -> RoundPlan:
@@ -345,7 +345,9 @@ class SSDWorker(BaseSpecWorker):
         for observer in self.observers:
             observer.verified(rids, logits_output, seq_lens.tolist(), accept_lens, width)
 
-    def _close_round(self, batch: ScheduleBatch, plan: RoundPlan, verified: VerifiedBatch) -> None:
+    def _record_timers(
+        self, batch: ScheduleBatch, plan: RoundPlan, verified: VerifiedBatch
+    ) -> None:
         """The round's phases to its mode's timer; per-request draft-source counts."""
         phases = self.clock.stop()
         timer = self.timers[plan.mode]

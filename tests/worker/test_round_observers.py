@@ -45,3 +45,10 @@ def test_a_shipper_without_a_sink_ships_nothing() -> None:
     shipper.extended(["a"], broken, SimpleNamespace(prefix_lens=[0], extend_lens=[1]))
     shipper.verified(["a"], broken, [1], [0], 3)
     assert shipper.forward_kwargs["capture_hidden_mode"] == CaptureHiddenMode.FULL
+
+
+def test_an_idle_batch_ships_nothing() -> None:
+    """SGLang runs an idle batch (no request) through the prefill path with no logits output."""
+    sink = Sink()
+    FeatureShipper(sink).extended([], None, SimpleNamespace(prefix_lens=[], extend_lens=[]))
+    assert sink.got == []

@@ -47,7 +47,7 @@ def test_round_timer_rejects_mismatched_sources() -> None:
 
 
 def test_round_clock_opens_each_round_with_the_scheduler_gap(monkeypatch) -> None:
-    clock_now = iter([10.0, 10.5, 11.0, 13.0, 13.25, 20.0, 21.0])
+    clock_now = iter([10.0, 10.5, 11.0, 13.0, 13.25, 20.0, 21.0, 21.5])
     monkeypatch.setattr(metrics.time, "perf_counter", lambda: next(clock_now))
     clock = RoundClock()
     phases = clock.start()  # 10.0: the first round has no gap
@@ -61,3 +61,4 @@ def test_round_clock_opens_each_round_with_the_scheduler_gap(monkeypatch) -> Non
     clock.stop()  # 20.0
     clock.prefill()
     assert "scheduler" not in clock.start().seconds  # 21.0: the prefill's time is its own
+    assert clock.round_s() == pytest.approx(0.5)  # 21.5: and no earlier round's gap either
