@@ -326,6 +326,8 @@ def cmd_show(a: argparse.Namespace) -> int:
         f"{len(results.get('prompts', []))} prompts, settings {results.get('settings')}"
     )
     print(format_table(results))
+    if a.figure is not None:
+        print(f"figure: {figures.fig_throughput(Path(a.results), a.figure)}")
     return 0
 
 
@@ -550,6 +552,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     p = sub.add_parser("show", help="print the table of a results file")
     p.add_argument("results", type=Path)
+    p.add_argument("--figure", type=Path, help="also draw its tok/s bars to this PNG")
     p.set_defaults(func=cmd_show)
 
     a = parser.parse_args(argv)

@@ -332,6 +332,57 @@ FIGURES: tuple[Callable[[Path, Path, bool], Figure | None], ...] = (
 )
 
 
+def machine_label(results: Mapping[str, Any]) -> str:
+    """The machine a results file was measured on, for a figure's title: CPU model, cores, the
+    ISA extensions that decide CPU speed (AMX, AVX-512 BF16, VNNI, else AVX2) and any kernel
+    caps (`machine.isa_caps`)."""
+    machine = results.get("machine") or {}
+    cpu = machine.get("lscpu") or {}
+    isa = set(str(cpu.get("isa", "")).split(","))
+    widest = [n for n in ("amx_bf16", "avx512_bf16", "avx512_vnni") if n in isa] or ["avx2"]
+    caps = machine.get("isa_caps") or {}
+    capped = f", capped {caps['ATEN_CPU_CAPABILITY']}" if caps.get("ATEN_CPU_CAPABILITY") else ""
+    cores = cpu.get("CPU(s)", machine.get("cpu_count", "?"))
+    return f"{cpu.get('Model name', 'unknown CPU')}, {cores} CPUs, {'/'.join(widest)}{capped}"
+
+
+def fig_throughput(results_path: Path, out_png: Path) -> Path:
+    """Horizontal bars: tok/s of each configuration of one results file (`eval run`, `eval
+    ssd`), each labelled with its ratio to the file's AR reference, titled with the batch size,
+    tokens, prompts and the machine (`machine_label`); the README's headline figure.
+
+    Raises:
+        ValueError: when the file has no measured batches.
+    """
+    results = load(Path(results_path))
+    if results is None:
+        raise ValueError(f"{results_path}: no measured batches")
+    summary = summary_of(results)
+    ref = reference(results)
+    base = summary[ref]["tok_per_s"] if ref in summary else None
+    names = [c["name"] for c in results["configs"] if c["name"] in summary]
+    fig = MplFigure(figsize=(7, 0.5 * len(names) + 1.6))
+    ax = fig.add_subplot()
+    values = [summary[n]["tok_per_s"] for n in names]
+    ax.barh(names[::-1], values[::-1], color=[f"C{i}" for i in range(len(names))][::-1])
+    for y, value in enumerate(values[::-1]):
+        ratio = f"  {value / base:.2f}× {ref}" if base else ""
+        ax.text(value, y, f" {value:.2f}{ratio}", va="center", fontsize=8)
+    ax.set_xlim(0, max(values) * 1.45)
+    ax.set_xlabel("tokens / s (all requests)")
+    settings = results["settings"]
+    sampling = settings["sampling"]
+    ax.set_title(
+        f"batch {settings['batch_size']}, {len(results['prompts'])} prompts × "
+        f"{sampling['max_new_tokens']} tokens, "
+        f"{'greedy' if sampling.get('greedy') else 'T = ' + str(sampling['temperature'])}\n"
+        f"{machine_label(results)}\n{Path(results_path).name}",
+        fontsize=9,
+    )
+    out_png = Path(out_png)
+    return _save(fig, out_png.parent, out_png.stem)
+
+
 def figures_dir(results_dir: Path, quick: bool) -> Path:
     return Path(results_dir) / results_name("figures", quick)
 

@@ -228,3 +228,22 @@ def test_shared_server_configs_round_trip_and_validate() -> None:
     with pytest.raises(ValueError, match="differ"):
         harness.server_groups([a, other])
     assert harness.fits_together([a, sweep.point(ssd, "b", beta=0.2)]) == harness.fits_together([a])
+
+
+def test_the_throughput_figure_names_its_machine_and_file(tmp_path: Path) -> None:
+    results = make_results([(AR, 2.0, 0), (_config("SSD-1+1c", "SSD"), 4.0, 0.8)], PROMPTS)
+    results["machine"] = {
+        "lscpu": {"Model name": "AMD EPYC", "CPU(s)": "2", "isa": "avx2,avx512_bf16,avx512f"},
+        "isa_caps": {"ATEN_CPU_CAPABILITY": "avx2"},
+    }
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(results))
+    assert figures.machine_label(results) == "AMD EPYC, 2 CPUs, avx512_bf16, capped avx2"
+    png = figures.fig_throughput(path, tmp_path / "out" / "headline.png")
+    assert png == tmp_path / "out" / "headline.png" and png.read_bytes().startswith(PNG_MAGIC)
+    results["machine"] = {"lscpu": {"Model name": "Xeon", "CPU(s)": "2", "isa": "amx_bf16"}}
+    assert figures.machine_label(results) == "Xeon, 2 CPUs, amx_bf16"
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({**results, "batches": []}))
+    with pytest.raises(ValueError, match="no measured batches"):
+        figures.fig_throughput(empty, tmp_path / "x.png")
