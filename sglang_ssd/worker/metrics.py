@@ -20,6 +20,11 @@ from sglang_ssd.phases import PhaseTimer, device_sync
 logger = logging.getLogger(__name__)
 
 
+# The target's round phases (`SSDWorker._decode`) that its per-round figures add up.
+FORWARD_PHASES = ("build_batch", "forward")
+VERIFY_PHASES = (*FORWARD_PHASES, "verify", "commit", "record")
+
+
 @dataclass(frozen=True)
 class RoundStats:
     """The target's totals over decode rounds of one mode, at one moment (`RoundTimer.snapshot`),
@@ -28,10 +33,6 @@ class RoundStats:
     Attributes:
         rounds: decode rounds verified.
         requests: request-rounds (Σ batch sizes).
-        wait_draft_s: seconds the target waited for drafts (transport included).
-        verify_s: seconds from drafts in hand to the round recorded (build, forward, verify,
-            commit, record).
-        forward_s: seconds building the verify batch and running the TARGET_VERIFY forward.
         accepted: Σ accepted draft tokens (bonus excluded).
         sources: request-rounds by draft source (cache, jit, ngram, random, local-ngram, plain).
         accepted_by_source: Σ accepted draft tokens by draft source (acceptance on hits vs
@@ -41,9 +42,6 @@ class RoundStats:
 
     rounds: int = 0
     requests: int = 0
-    wait_draft_s: float = 0.0
-    verify_s: float = 0.0
-    forward_s: float = 0.0
     accepted: int = 0
     sources: Mapping[str, int] = field(default_factory=dict)
     accepted_by_source: Mapping[str, int] = field(default_factory=dict)
@@ -58,14 +56,30 @@ class RoundStats:
         return RoundStats(
             rounds=self.rounds - earlier.rounds,
             requests=self.requests - earlier.requests,
-            wait_draft_s=self.wait_draft_s - earlier.wait_draft_s,
-            verify_s=self.verify_s - earlier.verify_s,
-            forward_s=self.forward_s - earlier.forward_s,
             accepted=self.accepted - earlier.accepted,
             sources=minus(self.sources, earlier.sources),
             accepted_by_source=minus(self.accepted_by_source, earlier.accepted_by_source),
             phases=minus(self.phases, earlier.phases),
         )
+
+    def spent(self, names: Sequence[str]) -> float:
+        """Seconds in the phases `names`."""
+        return sum(self.phases.get(name, 0.0) for name in names)
+
+    @property
+    def wait_draft_s(self) -> float:
+        """Seconds the target waited for drafts (transport included)."""
+        return self.spent(("wait_draft",))
+
+    @property
+    def forward_s(self) -> float:
+        """Seconds building the verify batch and running the TARGET_VERIFY forward."""
+        return self.spent(FORWARD_PHASES)
+
+    @property
+    def verify_s(self) -> float:
+        """Seconds from drafts in hand to the round recorded (`VERIFY_PHASES`)."""
+        return self.spent(VERIFY_PHASES)
 
     @property
     def hits(self) -> int:
@@ -98,14 +112,12 @@ class RoundStats:
 
 @dataclass
 class RoundTimer:
-    """Running totals over decode rounds of one mode (the fields of `RoundStats`); written by
-    the scheduler thread, read through `snapshot` from any thread."""
+    """Running totals over decode rounds of one mode (the fields of `RoundStats`; its seconds
+    are the phases'); written by the scheduler thread, read through `snapshot` from any
+    thread."""
 
     rounds: int = 0
     requests: int = 0
-    wait_draft_s: float = 0.0
-    verify_s: float = 0.0
-    forward_s: float = 0.0
     accepted: int = 0
     sources: Counter = field(default_factory=Counter)
     accepted_by_source: Counter = field(default_factory=Counter)
@@ -114,23 +126,19 @@ class RoundTimer:
     def record(
         self,
         batch_size: int,
-        wait_draft_s: float,
-        verify_s: float,
-        forward_s: float,
+        phases: Mapping[str, float],
         accept_len: torch.Tensor,
         sources: list[str],
     ) -> None:
-        """Add one round of `batch_size` requests: its seconds, k per request (`accept_len`
-        int [B]) and each request's draft source.
+        """Add one round of `batch_size` requests: its seconds by phase, k per request
+        (`accept_len` int [B]) and each request's draft source.
 
         Raises:
             ValueError: when `sources` and `accept_len` differ in length.
         """
         self.rounds += 1
         self.requests += batch_size
-        self.wait_draft_s += wait_draft_s
-        self.verify_s += verify_s
-        self.forward_s += forward_s
+        self.phases.merge(phases)
         self.accepted += int(accept_len.sum())
         self.sources.update(sources)
         for source, accepted in zip(sources, accept_len.tolist(), strict=True):
@@ -154,9 +162,6 @@ class RoundTimer:
         return RoundStats(
             rounds=self.rounds,
             requests=self.requests,
-            wait_draft_s=self.wait_draft_s,
-            verify_s=self.verify_s,
-            forward_s=self.forward_s,
             accepted=self.accepted,
             sources=dict(self.sources),
             accepted_by_source=dict(self.accepted_by_source),
@@ -205,7 +210,7 @@ class RoundClock:
         self._last_end = None
         self.gap_s = 0.0
 
-    def spent(self, *names: str) -> float:
+    def spent(self, names: Sequence[str]) -> float:
         """Seconds of the open round in the phases `names`."""
         return sum(self.phases.seconds.get(name, 0.0) for name in names)
 

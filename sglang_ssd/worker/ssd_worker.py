@@ -34,7 +34,12 @@ from sglang_ssd.config import SSDConfig, TargetCapacity
 from sglang_ssd.eagle3.config import head_feature_layers
 from sglang_ssd.placement import TargetGpus
 from sglang_ssd.saguaro import SamplingBatch, filter_order
-from sglang_ssd.worker.metrics import RoundClock, RoundTimer, count_request_rounds
+from sglang_ssd.worker.metrics import (
+    FORWARD_PHASES,
+    RoundClock,
+    RoundTimer,
+    count_request_rounds,
+)
 from sglang_ssd.worker.planner import RoundPlanner
 from sglang_ssd.worker.request_options import shape_verify_logits
 from sglang_ssd.worker.round_mode import RoundMode
@@ -338,7 +343,7 @@ class SSDWorker(BaseSpecWorker):
         client, planner = self.speculator_client, self.planner
         if client is not None and planner is not None:
             outcome = (accept_lens, verified.bonus.tolist())
-            verify_s = self.clock.spent("build_batch", "forward")
+            verify_s = self.clock.spent(FORWARD_PHASES)
             planner.close_round(client, batch.reqs, plan, outcome, verify_s, self.clock.round_s())
         rids = [req.rid for req in batch.reqs]
         width = plan.width(self.speculative_num_steps)
@@ -349,18 +354,12 @@ class SSDWorker(BaseSpecWorker):
         self, batch: ScheduleBatch, plan: RoundPlan, verified: VerifiedBatch
     ) -> None:
         """The round's phases to its mode's timer; per-request draft-source counts."""
-        phases = self.clock.stop()
-        timer = self.timers[plan.mode]
-        forward_s = phases.get("build_batch", 0.0) + phases.get("forward", 0.0)
-        timer.record(
+        self.timers[plan.mode].record(
             batch_size=len(batch.reqs),
-            wait_draft_s=phases.get("wait_draft", 0.0),
-            verify_s=forward_s + sum(phases.get(n, 0.0) for n in ("verify", "commit", "record")),
-            forward_s=forward_s,
+            phases=self.clock.stop(),
             accept_len=verified.accept_len,
             sources=plan.drafts.sources,
         )
-        timer.phases.merge(phases)
         count_request_rounds(batch.reqs, plan.drafts.sources)
 
     def _result(

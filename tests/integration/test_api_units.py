@@ -126,9 +126,6 @@ def round_timer() -> worker_metrics.RoundTimer:
     timer = worker_metrics.RoundTimer(
         rounds=4,
         requests=6,
-        wait_draft_s=0.4,
-        verify_s=0.8,
-        forward_s=0.6,
         accepted=11,
         sources=Counter(cache=4, ngram=2),
         accepted_by_source=Counter(cache=11),
@@ -319,9 +316,9 @@ def test_decode_window_and_log_filter() -> None:
     first = tracker.take(timer, client, planner)
     assert first.values()["cache_hit_rate"] == pytest.approx(4 / 6)
     assert first.values()["t_p"] == pytest.approx(1.2)
-    timer.rounds, timer.requests, timer.wait_draft_s = 6, 8, 0.6
+    timer.rounds, timer.requests = 6, 8
     timer.sources["cache"] += 2
-    timer.phases.merge({"forward": 0.3, "verify": 0.1})
+    timer.phases.merge({"forward": 0.3, "verify": 0.1, "wait_draft": 0.2})
     client.speculator_phases.merge({"tree_1": 0.1, "glue": 0.2})
     client.drafts_received += 2
     second = tracker.take(timer, client, planner)
@@ -335,7 +332,7 @@ def test_decode_window_and_log_filter() -> None:
     record = logging.LogRecord("x", logging.INFO, "f", 1, "Decode batch, #running-req: 1", (), None)
     line_filter.filter(record)
     assert record.msg.endswith(
-        "ssd hit rate: 1.00, wait draft: 100.0 ms, verify: 0.0 ms, T_p: 0.75 (speculator 150 ms:"
+        "ssd hit rate: 1.00, wait draft: 100.0 ms, verify: 200.0 ms, T_p: 0.75 (speculator 150 ms:"
         " glue 100.0 ms, tree_1 50.0 ms, lm_head 0.0 ms; target 200 ms)"
         ", D: 4"  # the D in force (the planner's tuner; γ until a build is timed)
     )
