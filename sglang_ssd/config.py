@@ -54,6 +54,8 @@ MAX_DRAFT_VOCAB = 2**24
 # `--ssd-draft-vocab` default: 13% faster than the whole vocabulary on HumanEval and MT-Bench alike
 # (eval/results/draft-vocab-*.json), greedy draft/target agreement within 0.01 of it.
 DEFAULT_DRAFT_VOCAB = 65536
+# `--ssd-prefill-lend-tokens` default (to be measured: eval/results/prefill-lending-*.json).
+DEFAULT_PREFILL_LEND_TOKENS = 128
 # The speculator's pool when the target's capacity is unknown (a client started outside SGLang).
 DEFAULT_DRAFT_KV_TOKENS = 65536
 _DEVICE_RE = re.compile(r"^(cpu|cuda:\d+)$")
@@ -345,6 +347,19 @@ class SSDConfig:
             "more than one token left (experimental: on the 2-core CPU it measured slower than "
             "never); never (default); always.",
             choices=PLAIN_ROUNDS,
+            live=True,
+        ),
+    )
+    prefill_lend_tokens: int = field(
+        default=DEFAULT_PREFILL_LEND_TOKENS,
+        metadata=flag(
+            "On CPU, a prefill of at least N new tokens also runs on the speculator's cores "
+            "(the speculator is stopped meanwhile, and prefills the draft on the target's cores "
+            "while the target waits for the first drafts); 0: never.",
+            ok=lambda v: isinstance(v, int) and v >= 0,
+            rule="must be an integer ≥ 0 (0: never)",
+            metavar="TOKENS",
+            parse=int,
             live=True,
         ),
     )

@@ -55,7 +55,8 @@ from sglang_ssd.transport.wire import Message as _Message
 # SpeculatorTiming.forwards / build_forwards. 6: Outcome.extra (tokens of plain rounds).
 # 7: Step.features / feature_size / feature_dtype (an EAGLE-3 head's target features).
 # 8: SSDConfig.draft_runtime (`--ssd-draft-runtime`), which AdminReply.config carries.
-PROTOCOL_VERSION = 8
+# 9: SSDConfig.prefill_lend_tokens (`--ssd-prefill-lend-tokens`, a live setting).
+PROTOCOL_VERSION = 9
 
 Role = Literal["target", "speculator"]
 StepBackup = Literal[backup_names()]  # type: ignore[valid-type]  # `saguaro.draft_kinds`

@@ -21,7 +21,7 @@ import os
 import signal
 from collections.abc import Iterator, Sequence
 
-from sglang_ssd.placement import pin_process
+from sglang_ssd.placement import widened
 
 logger = logging.getLogger(__name__)
 
@@ -58,17 +58,12 @@ class CoreLending:
             return
         stopped = _signal(speculator_pid, signal.SIGSTOP)
         try:
-            if self.draft_cpus:
-                pin_process(self.target_cpus + self.draft_cpus)
-            self.lends += 1
-            yield
+            with widened(self.target_cpus, self.draft_cpus):
+                self.lends += 1
+                yield
         finally:
-            try:
-                if self.draft_cpus:
-                    pin_process(self.target_cpus)
-            finally:
-                if stopped:
-                    _signal(speculator_pid, signal.SIGCONT)
+            if stopped:
+                _signal(speculator_pid, signal.SIGCONT)
 
 
 def _signal(pid: int | None, sig: signal.Signals) -> bool:

@@ -83,6 +83,7 @@ class RoundPlanner:
         self.policy = default_policy(config)
         self.round_mode = RoundModePolicy(config.plain_rounds)
         self.tuner = DepthTuner(config.lookahead, pinned=config.tree_depth)
+        self.prefill_lend_tokens = config.prefill_lend_tokens
         self._last_mode: RoundMode | None = None
 
     # ------------------------------------------------------------ decisions
@@ -136,11 +137,15 @@ class RoundPlanner:
         """The D in force: the tuner's (self-tuned or pinned), 0 in sync mode (no builds)."""
         return 0 if self.sync else self.tuner.depth
 
-    @property
-    def prefill_lends_cores(self) -> bool:
-        """Whether a prefill forward runs on the speculator's cores too: while plain rounds are
-        the mode in use (the speculator is idle then)."""
-        return self.round_mode.plain_now
+    def prefill_lends_cores(self, new_tokens: int) -> bool:
+        """Whether a prefill forward of `new_tokens` (the batch's uncached input tokens) runs on
+        the speculator's cores too: while plain rounds are the mode in use (the speculator is
+        idle then), or when it has at least `--ssd-prefill-lend-tokens` (then the speculator,
+        stopped meanwhile, prefills the draft on the target's cores while the target waits
+        for the first drafts, `SpeculatorServer`: on the 2-core CPU that halves the target's
+        prefill and cuts the draft's by a third)."""
+        lend = self.prefill_lend_tokens
+        return self.round_mode.plain_now or (lend > 0 and new_tokens >= lend)
 
     @property
     def plain_rounds(self) -> int:
@@ -233,11 +238,14 @@ class RoundPlanner:
     # ------------------------------------------------------------ live settings
     def apply(self, changes: Mapping[str, Any], config: SSDConfig) -> None:
         """Live `changes` (already in `config`, the settings now in force) that steer the
-        planner: a pinned or self-tuned D, the plain-rounds setting, the backup mode."""
+        planner: a pinned or self-tuned D, the plain-rounds setting, the backup mode, the
+        prefill size that lends the speculator's cores."""
         if "tree_depth" in changes:  # 0 self-tunes again (the config holds None)
             self.tuner.pin(config.tree_depth)
         if "plain_rounds" in changes:
             self.round_mode.setting = changes["plain_rounds"]
+        if "prefill_lend_tokens" in changes:
+            self.prefill_lend_tokens = config.prefill_lend_tokens
         if "backup" in changes:
             self.policy.mode = Backup(changes["backup"]) if changes["backup"] != "auto" else "auto"
 

@@ -167,7 +167,8 @@ class SSDWorker(BaseSpecWorker):
         client = self.speculator_client
         if client is not None:
             client.prepare(batch.reqs)
-        with self._cores(self.planner is not None and self.planner.prefill_lends_cores):
+        new_tokens = int(batch.extend_num_tokens or 0)
+        with self._cores(self.planner is not None and self.planner.prefill_lends_cores(new_tokens)):
             result = self._target_worker.forward_batch_generation(batch, **self.forward_kwargs)
         for observer in self.observers:
             observer.extended([req.rid for req in batch.reqs], result.logits_output, batch)

@@ -191,7 +191,8 @@ def test_admin_config_round_trip() -> None:
     assert got.status == 200 and got.config.beta == 0.5 and not got.applied_locally
     body = admin.http_body("configure", got)
     assert body["acknowledged"] == {"beta": 0.5, "backup": "ngram", "fanout": "geometric",
-                                    "fanout_budget": 8, "plain_rounds": "never"}  # fmt: skip
+                                    "fanout_budget": 8, "plain_rounds": "never",
+                                    "prefill_lend_tokens": 128}  # fmt: skip
     assert body["config"]["beta"] == 0.5
     assert _ask(worker, "config").config.backup == "ngram"
 

@@ -16,6 +16,7 @@ from sglang_ssd.transport import messages
 RECORDED = {
     7: "43681cfeac99ebc6f34a1a0c68050aeb01a664e4efcaba73513f1bbdb9ff9430",
     8: "978570826c342f0a9161f37e4e2536282bcf9eb1469df0d0f6bd9affe0477e29",
+    9: "5102772235a35abda54207def6f1dd5771d40b4af652edbe2ee94ca362140f04",
 }
 
 

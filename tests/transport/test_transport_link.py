@@ -95,6 +95,7 @@ def test_rounds_replies_and_shutdown() -> None:
                     beta=msg.changes.beta,
                     backup="jit",
                     plain_rounds="auto",
+                    prefill_lend_tokens=128,
                 )
                 spec.send(m.ConfigureAck(applied=applied))
             elif isinstance(msg, m.StatsRequest):

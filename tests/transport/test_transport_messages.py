@@ -142,6 +142,7 @@ def test_live_settings_are_the_live_fields_of_ssd_config() -> None:
         "beta",
         "backup",
         "plain_rounds",
+        "prefill_lend_tokens",
     )
     assert wire.LiveSettings.__struct_fields__ == LIVE_FIELDS
     for name, kind in typing.get_type_hints(wire.LiveSettings).items():
@@ -153,6 +154,7 @@ def test_live_settings_are_the_live_fields_of_ssd_config() -> None:
         "beta": 0.25,
         "backup": "auto",
         "plain_rounds": "never",
+        "prefill_lend_tokens": 128,
     }
     assert wire.LiveSettings(fanout="uniform").given() == {"fanout": "uniform"}
     with pytest.raises(ValueError, match="--ssd-beta must be in"):

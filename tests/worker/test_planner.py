@@ -133,7 +133,7 @@ def test_outcomes_teach_the_policy_and_the_tuner_from_the_rounds_drafts() -> Non
 def test_plain_rounds_and_backups_change_live() -> None:
     planner = RoundPlanner(SSDConfig(lookahead=GAMMA))
     planner.apply({"plain_rounds": "always", "backup": "random"}, SSDConfig(lookahead=GAMMA))
-    assert planner.prefill_lends_cores and planner.policy.mode == Backup("random")
+    assert planner.prefill_lends_cores(1) and planner.policy.mode == Backup("random")
     assert planner.plan([req("a")]) == RoundMode.PLAIN and planner.plain_rounds == 1
     planner.apply({"backup": "auto"}, SSDConfig(lookahead=GAMMA))
     assert planner.policy.mode == "auto"
@@ -182,3 +182,13 @@ def test_a_round_closes_by_its_mode() -> None:
     assert client.outcomes[-1] == (["a"], [0], [9])
     assert planner.round_mode.rate(RoundMode.SPECULATE, 1) == pytest.approx(1 / 0.5)
     assert reqs[0].ssd_accept_length.count == 1
+
+
+def test_long_prefills_lend_the_speculators_cores_from_the_live_threshold() -> None:
+    planner = RoundPlanner(SSDConfig(lookahead=GAMMA, prefill_lend_tokens=100))
+    assert not planner.prefill_lends_cores(99) and planner.prefill_lends_cores(100)
+    never = SSDConfig(lookahead=GAMMA, prefill_lend_tokens=0)
+    planner.apply({"prefill_lend_tokens": 0}, never)
+    assert not planner.prefill_lends_cores(10_000)
+    planner.apply({"plain_rounds": "always"}, never.replace(plain_rounds="always"))
+    assert planner.prefill_lends_cores(1)  # plain rounds in use: the speculator idles anyway
