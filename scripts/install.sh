@@ -1,6 +1,15 @@
 #!/usr/bin/env bash
 # Creates .venv and installs everything sglang-ssd needs, from scratch, through pip only.
 # Called by `make install`; safe to re-run (pip skips what is already satisfied).
+#
+# Two paths:
+# - CPU (no working nvidia-smi): torch's CPU build, SGLang 0.5.23 without its dependencies (they
+#   pull a multi-GB CUDA stack) plus the pinned list of what it imports, and the pure-torch
+#   stand-in for Intel's CPU `sgl_kernel`.
+# - CUDA: SGLang 0.5.23 with its own pinned dependencies (torch 2.14.1, sglang-kernel 0.4.10,
+#   flashinfer-python 0.7.2, ...), then the test/eval tools; never the CPU stand-in.
+# SSD_INSTALL_CUDA=1/0 forces a path; SSD_INSTALL_DRY_RUN=1 prints the commands instead of running
+# them (what `tests/scripts/test_install_paths.py` reads).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -8,21 +17,35 @@ PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
 # Not PIP_QUIET: pip reads that name itself and rejects "-q" as its value.
 SSD_PIP_FLAGS=${SSD_PIP_FLAGS:--q}
+DRY_RUN=${SSD_INSTALL_DRY_RUN:-0}
 
-has_cuda() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
+has_cuda() {
+    case "${SSD_INSTALL_CUDA:-}" in
+        1) return 0 ;;
+        0) return 1 ;;
+    esac
+    command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1
+}
+run() { if [ "$DRY_RUN" = 1 ]; then echo "+ $*"; else "$@"; fi; }
 
-[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 VPY="$VENV/bin/python"
-pip_install() { "$VPY" -m pip install $SSD_PIP_FLAGS --disable-pip-version-check "$@"; }
+[ -x "$VPY" ] || run "$PYTHON" -m venv "$VENV"
+pip_install() { run "$VPY" -m pip install $SSD_PIP_FLAGS --disable-pip-version-check "$@"; }
 
-echo "[install] torch"
-# On the development/CI machines pip's find-links (/opt/wheels) holds the CPU build of 2.13.0 and
-# pip prefers it; elsewhere set PIP_INDEX_URL=https://download.pytorch.org/whl/cpu for a CPU box.
-pip_install -r requirements/torch.txt
+if has_cuda; then
+    echo "[install] CUDA: sglang 0.5.23 with its pinned CUDA stack (torch, sglang-kernel, flashinfer)"
+    pip_install -r requirements/sglang.txt
+    pip_install -r requirements/dev.txt
+else
+    echo "[install] torch"
+    # On the development/CI machines pip's find-links (/opt/wheels) holds the CPU build of 2.13.0
+    # and pip prefers it; elsewhere set PIP_INDEX_URL=https://download.pytorch.org/whl/cpu.
+    pip_install -r requirements/torch.txt
 
-echo "[install] sglang (no deps) + the pinned list of what it imports"
-pip_install --no-deps -r requirements/sglang.txt
-pip_install -r requirements/runtime.txt -r requirements/dev.txt
+    echo "[install] sglang (no deps) + the pinned list of what it imports"
+    pip_install --no-deps -r requirements/sglang.txt
+    pip_install -r requirements/runtime.txt -r requirements/dev.txt
+fi
 pip_install --no-deps -r requirements/datasets-nodeps.txt
 
 echo "[install] sglang-ssd and its kernels (editable)"
@@ -33,7 +56,7 @@ if ! has_cuda; then
 fi
 
 echo "[install] placeholders and patches"
-"$VPY" scripts/install_placeholders.py
-"$VPY" scripts/apply_patches.py
+run "$VPY" scripts/install_placeholders.py
+run "$VPY" scripts/apply_patches.py
 
-"$VPY" -c "import sglang, sglang_ssd, sglang_ssd_kernels; print('[install] ok: sglang', sglang.__version__)"
+run "$VPY" -c "import sglang, sglang_ssd, sglang_ssd_kernels; print('[install] ok: sglang', sglang.__version__)"
