@@ -54,7 +54,8 @@ MAX_DRAFT_VOCAB = 2**24
 # `--ssd-draft-vocab` default: 13% faster than the whole vocabulary on HumanEval and MT-Bench alike
 # (eval/results/draft-vocab-*.json), greedy draft/target agreement within 0.01 of it.
 DEFAULT_DRAFT_VOCAB = 65536
-# `--ssd-prefill-lend-tokens` default (to be measured: eval/results/prefill-lending-*.json).
+# `--ssd-prefill-lend-tokens` default: 3% faster than 0 (never) at batch 1 on held-back prompts,
+# 4-5% on HumanEval's longer prompts (eval/results/prefill-lending-int8-b1-epyc-avx512.json).
 DEFAULT_PREFILL_LEND_TOKENS = 128
 # The speculator's pool when the target's capacity is unknown (a client started outside SGLang).
 DEFAULT_DRAFT_KV_TOKENS = 65536
@@ -354,8 +355,7 @@ class SSDConfig:
         default=DEFAULT_PREFILL_LEND_TOKENS,
         metadata=flag(
             "On CPU, a prefill of at least N new tokens also runs on the speculator's cores "
-            "(the speculator is stopped meanwhile, and prefills the draft on the target's cores "
-            "while the target waits for the first drafts); 0: never.",
+            "(the speculator is stopped meanwhile and prefills the draft after it); 0: never.",
             ok=lambda v: isinstance(v, int) and v >= 0,
             rule="must be an integer ≥ 0 (0: never)",
             metavar="TOKENS",

@@ -138,3 +138,21 @@ def test_each_replica_passes_its_own_dp_rank(monkeypatch):
 def test_collisions_are_refused(draft_device, gpus, count, message):
     with pytest.raises(ValueError, match=message):
         placement.draft_gpu(SSDConfig(draft_device=draft_device), gpus, 0, count)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_widened_pins_wider_within_the_block_and_back_after_also_on_errors():
+    before, threads = sorted(os.sched_getaffinity(0)), torch.get_num_threads()
+    own, extra = before[-1:], before[:1]
+    try:
+        os.sched_setaffinity(0, own)
+        with pytest.raises(RuntimeError), placement.widened(own, extra):
+            assert sorted(os.sched_getaffinity(0)) == sorted(own + extra)
+            assert torch.get_num_threads() == 2
+            raise RuntimeError("the block fails")
+        assert sorted(os.sched_getaffinity(0)) == own and torch.get_num_threads() == 1
+        with placement.widened(own, own):  # nothing to add: nothing changes
+            assert sorted(os.sched_getaffinity(0)) == own and torch.get_num_threads() == 1
+    finally:
+        os.sched_setaffinity(0, before)
+        torch.set_num_threads(threads)

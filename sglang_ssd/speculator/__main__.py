@@ -64,12 +64,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="SSDConfig JSON")
     parser.add_argument("--device", default="cpu", help="cpu or cuda:N")
     parser.add_argument("--cpus", default=None, help="CPU list to pin to (CPU device)")
-    parser.add_argument(
-        "--borrow-cpus",
-        default=None,
-        help="the target's CPU list: Steps whose drafts need forwards run there too (the target "
-        "waits for them meanwhile)",
-    )
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     parser.add_argument(
         "--kv-slots",
@@ -147,9 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         config.mode,
     )
     try:
-        own = parse_cpu_list(args.cpus) if args.cpus and args.device == "cpu" else []
-        borrow = parse_cpu_list(args.borrow_cpus) if args.borrow_cpus and own else []
-        SpeculatorServer(link, engine, args.parent_pid, own, borrow).run()
+        SpeculatorServer(link, engine, args.parent_pid).run()
     finally:
         link.close()
     return 0

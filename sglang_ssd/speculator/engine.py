@@ -14,8 +14,7 @@ The KV pool never overflows (`admission`): a request whose draft does not fit ge
 backup, one whose branches do not fit is not pre-speculated (its cache misses), both counted in
 `stats()`. Prefill is fed in chunks: at most `idle_prefill_chunk_tokens` by `advance_prefill`
 between rounds (a Step that arrives meanwhile waits for at most that chunk), and at most one chunk
-of `prefill_chunk_tokens` inside `serve` (the server runs it on the target's cores too, since
-the target waits for those drafts), so a long prompt never holds up a round: a request whose
+of `prefill_chunk_tokens` inside `serve`, so a long prompt never holds up a round: a request whose
 prefill is not done gets a point-mass backup draft.
 """
 
@@ -49,8 +48,8 @@ logger = logging.getLogger(__name__)
 # someone's prefill.
 PREFILL_CHUNK_TOKENS = 256
 # Prefill tokens fed per chunk between rounds (`advance_prefill`): small, so that a Step arriving
-# meanwhile waits little (~0.2 s for 64 tokens of the 0.5B int8 draft on one core) and the rest
-# of the prefill runs inside `serve`, on the target's idle cores too. Smaller chunks cost
+# meanwhile (the running requests' next round while a new request prefills) waits little: ~0.2 s
+# for 64 tokens of the 0.5B int8 draft on one core, against ~0.8 s for 256. Smaller chunks cost
 # little: on the 2-core EPYC 50 tokens took 2.8 ms each, 246 tokens 3.4 ms each.
 IDLE_PREFILL_CHUNK_TOKENS = 64
 
@@ -415,20 +414,6 @@ class SpeculatorEngine:
                 for s in ready:
                     self._point_mass(s, backup, depth)
         return [None if s is None else s.draft for s in states]
-
-    def serve_runs_forwards(self, rids: Sequence[str], backup: str) -> bool:
-        """Whether `serve(rids, backup, ...)` runs draft forwards: some request has no draft to
-        serve (a miss, or a first-round pre-speculation nobody verified) and is still
-        prefilling, or `backup` drafts with the model (`jit`). The server lends the target's
-        idle cores to exactly those Steps."""
-        model_backup = not draft_kinds.kind(backup).point_mass
-        for rid in rids:
-            s = self.requests.get(rid)
-            if s is None or (s.draft is not None and s.draft.depth != 0):
-                continue
-            if model_backup or not s.prefilled:
-                return True
-        return False
 
     def _pool_free(self) -> int:
         return self.model.kv_pool.num_free

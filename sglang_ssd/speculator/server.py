@@ -2,27 +2,22 @@
 
 A Step is answered at once (cache lookups and the target's chosen backup for misses); in async
 mode the speculator then builds the next round's speculation cache while the target verifies
-(DESIGN.md §2). On CPU the target idles while it waits for a Step's Drafts, so a Step whose
-drafts need forwards (a prefill chunk, a `jit` draft) runs them on the target's cores too
-(`borrow_cpus`), pinned back before the Drafts go out. An Open only registers the request:
-its prefill is fed in chunks while no message waits (`SpeculatorEngine.advance_prefill`), and a
-Step never waits for more than one chunk of it. Bad input from the link is logged and answered,
-never fatal.
+(DESIGN.md §2). An Open only registers the request: its prefill is fed in chunks while no
+message waits (`SpeculatorEngine.advance_prefill`), and a Step never waits for more than one
+chunk of it. Bad input from the link is logged and answered, never fatal.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TypeVar
 
 import torch
 
 from sglang_ssd.phases import PhaseTimer
-from sglang_ssd.placement import widened
 from sglang_ssd.speculator.engine import OutcomeIn, SpeculatorEngine
 from sglang_ssd.speculator.state import Draft
 from sglang_ssd.transport import (
@@ -51,27 +46,12 @@ IDLE_POLL_S = 1.0
 
 
 class SpeculatorServer:
-    """Serves one target over `link` with `engine` until Shutdown or the parent exits.
+    """Serves one target over `link` with `engine` until Shutdown or the parent exits."""
 
-    Args:
-        own_cpus, borrow_cpus: on CPU, this process's cores and the target's; Steps whose
-            drafts need forwards run on both (empty: never widened, e.g. on a GPU).
-    """
-
-    def __init__(
-        self,
-        link: SpeculatorLink,
-        engine: SpeculatorEngine,
-        parent_pid: int,
-        own_cpus: Sequence[int] = (),
-        borrow_cpus: Sequence[int] = (),
-    ) -> None:
+    def __init__(self, link: SpeculatorLink, engine: SpeculatorEngine, parent_pid: int) -> None:
         self.link = link
         self.engine = engine
         self.parent_pid = parent_pid
-        self.own_cpus = tuple(own_cpus)
-        self.borrow_cpus = tuple(borrow_cpus) if own_cpus else ()
-        self.borrowed_steps = 0  # Steps served on the target's cores too
         self._forwards_reported = engine.model.forward_count  # draft forwards told the target
         # Each Step's work, measured once: `lookup` (outcomes and features in), `backup`
         # (serving the drafts), `send`, and `build` (pre-speculation after the Step). Totals
@@ -152,7 +132,7 @@ class SpeculatorServer:
             engine.build_depth = step.tree_depth  # for every build until the next Step
             engine.apply_outcomes(outcomes)
             self._add_features(step)
-        with steps.phase("backup"), self._cores_for(step):
+        with steps.phase("backup"):
             drafts = self._timed_rest(
                 "serve", lambda: engine.serve(step.requests, step.backup, engine.config.lookahead)
             )
@@ -166,23 +146,11 @@ class SpeculatorServer:
             with steps.phase("build"):
                 self._timed_rest("build", lambda: engine.build(step.requests))
 
-    def _cores_for(self, step: Step) -> contextlib.AbstractContextManager[None]:
-        """The target's cores too while serving `step` runs forwards (the target waits for
-        these Drafts meanwhile); pinned back to our own on leaving."""
-        if self.borrow_cpus and self.engine.serve_runs_forwards(step.requests, step.backup):
-            self.borrowed_steps += 1
-            return widened(self.own_cpus, self.borrow_cpus)
-        return contextlib.nullcontext()
-
     @property
     def counters(self) -> dict[str, float]:
-        """Totals since start for `/ssd/stats`: Steps answered (Drafts sent), those served on the
-        target's cores too (`borrowed_steps`), and the seconds of each part of them
-        (`lookup_s`, `backup_s`, `send_s`, `build_s`), a view of `steps`."""
-        out: dict[str, float] = {
-            "steps": float(self.steps.calls.get("send", 0)),
-            "borrowed_steps": float(self.borrowed_steps),
-        }
+        """Totals since start for `/ssd/stats`: Steps answered (Drafts sent) and the seconds of
+        each part of them (`lookup_s`, `backup_s`, `send_s`, `build_s`), a view of `steps`."""
+        out: dict[str, float] = {"steps": float(self.steps.calls.get("send", 0))}
         for name in ("build", "lookup", "backup", "send"):
             out[f"{name}_s"] = self.steps.seconds.get(name, 0.0)
         return out

@@ -77,8 +77,6 @@ class SpeculatorProcess:
         env = dict(os.environ)
         if placement.cpus:
             cmd += ["--cpus", ",".join(map(str, placement.cpus))]
-            if placement.target_cpus:
-                cmd += ["--borrow-cpus", ",".join(map(str, placement.target_cpus))]
             env["OMP_NUM_THREADS"] = str(len(placement.cpus))
         self.placement = placement
         self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL)

@@ -161,6 +161,30 @@ def test_plain_rounds_switched_mid_request_keep_greedy_output(servers):
     assert stats["faults"] == faults  # a stopped speculator never looked dead or late
 
 
+def test_long_prefills_lend_the_speculators_core_and_keep_greedy_output(servers):
+    """`--ssd-prefill-lend-tokens` (live): a prefill of at least that many new tokens runs on
+    the speculator's core too (the speculator stopped, then prefilling the draft after it);
+    shorter ones and 0 (never) lend nothing. Output stays the target's."""
+    url = servers["ssd"].url
+
+    def lent() -> float:
+        return requests.get(f"{url}/ssd/stats", timeout=60).json()["speculator"]["cores_lent"]
+
+    try:
+        for threshold, lends in ((0, False), (10_000, False), (1, True)):
+            body = {"prefill_lend_tokens": threshold}
+            assert requests.post(f"{url}/ssd/config", json=body, timeout=60).ok
+            prompts = [f"{p} {threshold}" for p in PROMPTS[:3]]  # new each time: no cache hit
+            before = lent()
+            for prompt in prompts:
+                want = _generate(servers["ar"], prompt, 24, temperature=0, ignore_eos=True)
+                got = _generate(servers["ssd"], prompt, 24, temperature=0, ignore_eos=True)
+                assert got["output_ids"] == want["output_ids"], (threshold, prompt)
+            assert lent() - before == (len(prompts) if lends else 0), threshold
+    finally:
+        requests.post(f"{url}/ssd/config", json={"prefill_lend_tokens": 128}, timeout=60)
+
+
 def test_tree_depth_is_self_tuned_until_pinned(servers):
     """Default: the target picks D each round (`DepthTuner`) and sends it with the Step;
     `POST /ssd/config {"tree_depth": 1}` pins it, the speculator builds at D = 1 from then on,
