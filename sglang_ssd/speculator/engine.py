@@ -13,9 +13,9 @@ Each `serve` and `build` call computes the round's fan-out plan once (`fanout_pl
 The KV pool never overflows (`admission`): a request whose draft does not fit gets a point-mass
 backup, one whose branches do not fit is not pre-speculated (its cache misses), both counted in
 `stats()`. Prefill is fed in chunks: at most `idle_prefill_chunk_tokens` by `advance_prefill`
-between rounds (a Step that arrives meanwhile waits for at most that chunk), and at most one chunk
-of `prefill_chunk_tokens` inside `serve`, so a long prompt never holds up a round: a request whose
-prefill is not done gets a point-mass backup draft.
+between rounds (a Step that arrives meanwhile waits for at most that chunk); `serve` feeds only
+short backlogs (at most `serve_prefill_tokens`: a miss's unfed tokens), so a prompt's prefill
+never holds up a round: a request whose prefill is not done gets a point-mass backup draft.
 """
 
 from __future__ import annotations
@@ -44,9 +44,11 @@ from sglang_ssd.speculator.target_features import TargetFeatures
 
 logger = logging.getLogger(__name__)
 
-# Prefill tokens fed per chunk inside `serve`: a round waits for at most one chunk of
-# someone's prefill.
+# Prefill tokens fed per chunk inside `serve`, to requests whose backlog is at most
+# SERVE_PREFILL_TOKENS (a miss's unfed accepted tokens; a plain round's): a Step never waits for
+# a prompt's prefill, whose request gets a backup draft until its prefill is done between rounds.
 PREFILL_CHUNK_TOKENS = 256
+SERVE_PREFILL_TOKENS = 16
 # Prefill tokens fed per chunk between rounds (`advance_prefill`): small, so that a Step arriving
 # meanwhile (the running requests' next round while a new request prefills) waits little: ~0.2 s
 # for 64 tokens of the 0.5B int8 draft on one core, against ~0.8 s for 256. Smaller chunks cost
@@ -104,6 +106,7 @@ class SpeculatorEngine:
         self.random = RandomSpeculator(self.token_limit, self._new_generator(device="cpu"))
         self.live = LiveFanout()
         self.prefill_chunk_tokens = PREFILL_CHUNK_TOKENS
+        self.serve_prefill_tokens = SERVE_PREFILL_TOKENS
         self.idle_prefill_chunk_tokens = IDLE_PREFILL_CHUNK_TOKENS
         # Rounds degraded because the KV pool was full: drafts served by a point-mass backup
         # (the pool held neither the jit draft nor the rest of the prefill), builds skipped.
@@ -374,9 +377,9 @@ class SpeculatorEngine:
     def serve(self, rids: Sequence[str], backup: str, depth: int) -> list[Draft | None]:
         """The draft of each request: its cache hit, else the backup (`jit`, `ngram`, `random`).
 
-        Requests still prefilling get at most one chunk of prefill first; those whose prefill is
-        still not done, and those whose jit draft the KV pool cannot hold, get an n-gram draft
-        (or the point-mass backup the target chose).
+        Requests with a short backlog (at most `serve_prefill_tokens` unfed tokens) are fed
+        first; those still prefilling a longer one, and those whose jit draft the KV pool cannot
+        hold, get an n-gram draft (or the point-mass backup the target chose).
 
         Args:
             rids: requests that need a draft for this round, in batch order.
@@ -394,7 +397,10 @@ class SpeculatorEngine:
                 self._unfeed_root(s)  # its glue fed the root, which a backup draft starts from
         need = [s for s in states if s is not None and s.draft is None]
         if need:
-            self._prefill(need, self.prefill_chunk_tokens)
+            # Catch-up feeds only (a miss's unfed accepted tokens): a prompt still prefilling
+            # gets a backup draft now, its prefill going on between rounds.
+            small = [s for s in need if s.feedable <= self.serve_prefill_tokens]
+            self._prefill(small, self.prefill_chunk_tokens)
             ready = [s for s in need if s.prefilled]
             pool_full = self._pool_free() == 0  # else the chunk's budget ran out first
             for s in need:

@@ -2,9 +2,9 @@
 
 A full pool must never raise: the requests that do not fit get n-gram drafts (or skip their
 pre-speculation) and are counted in `kv_exhausted`, while the others draft exactly as with a
-large pool. Prefill is fed in chunks: a Step right after a long Open is answered after at most
-one chunk, the long request drafting by n-gram until its prefill is done, and then exactly as if
-it had been prefilled at once.
+large pool. Prefill is fed in chunks: a Step right after a long Open is answered without any of
+its prefill (a Step feeds only short backlogs), the long request drafting by n-gram until its
+prefill is done between rounds, and then exactly as if it had been prefilled at once.
 """
 
 from __future__ import annotations
@@ -77,16 +77,16 @@ def test_a_prompt_larger_than_the_free_pool_is_prefilled_as_slots_free_up(tiny_d
     assert draft.source == "jit" and draft.tokens == _jit_greedy(tiny_draft, LONG[:20])
 
 
-def test_a_step_after_a_long_open_waits_for_one_chunk_of_its_prefill(tiny_draft):
+def test_a_step_after_a_long_open_does_not_wait_for_its_prefill(tiny_draft):
     engine = _engine(tiny_draft)
     engine.prefill_chunk_tokens = 16
     engine.open("long", LONG, **GREEDY, prefill=False)
     engine.open("short", PROMPT, **GREEDY, prefill=False)
     before = engine.model.forward_count
     long, short = engine.serve(["long", "short"], backup="jit", depth=4)
-    assert engine.model.forward_count - before == 1 + 4  # one prefill chunk, four jit steps
-    assert short.source == "jit"  # the chunk feeds the shortest backlog first
-    assert long.source == "ngram" and engine.requests["long"].num_fed == 16 - 10
+    assert engine.model.forward_count - before == 1 + 4  # the short backlog, four jit steps
+    assert short.source == "jit"  # 10 unfed tokens: within `serve_prefill_tokens`, fed now
+    assert long.source == "ngram" and engine.requests["long"].num_fed == 0
     assert engine.stats()["prefill_backup_drafts"] == 1
     assert engine.stats()["prefilling_requests"] == 1
     engine.apply_outcomes([OutcomeIn("long", 0, 9), OutcomeIn("short", 0, 9)])
