@@ -280,8 +280,9 @@ class SSDConfig:
     speculator_timeout: float = field(
         default=30.0,
         metadata=flag(
-            "Wait this long for the speculator before falling back to target-side drafts and "
-            "restarting it.",
+            "Wait this long without progress from the speculator (its CPU time not growing) "
+            "before falling back to target-side drafts and restarting it; a busy speculator is "
+            "waited for, up to 10 times this in all.",
             ok=lambda v: v > 0,
             rule="must be > 0 seconds",
             metavar="SECONDS",

@@ -3,11 +3,11 @@
 Each decode round `drafts(reqs, planner)` (1) opens requests the speculator does not know yet (or
 whose tokens drifted, e.g. after a retraction) with their full token list, (2) sends one `Step`
 with the previous round's outcomes, the batch's rids and the backup and tree depth the round's
-planner (`planner.RoundPlanner`) picks, and (3) waits at most `--ssd-speculator-timeout` for the
-drafts. Any fault (timeout, dead or stopped process, transport error) goes to the `Supervisor`,
-which kills the speculator and restarts it in the background; the target keeps serving with its
-own n-gram drafts meanwhile (DESIGN.md §1). The admin messages (live settings, counters) are
-`speculator_admin`'s.
+planner (`planner.RoundPlanner`) picks, and (3) waits for the drafts while the speculator makes
+progress, at most `--ssd-speculator-timeout` without it. Any fault (timeout, dead or stopped
+process, transport error) goes to the `Supervisor`, which kills the speculator and restarts it in
+the background; the target keeps serving with its own n-gram drafts meanwhile (DESIGN.md §1).
+The admin messages (live settings, counters) are `speculator_admin`'s.
 """
 
 from __future__ import annotations
@@ -46,6 +46,12 @@ if TYPE_CHECKING:
     from sglang_ssd.worker.planner import RoundPlanner
 
 ALIVE_POLL_S = 0.25  # while waiting for drafts, how often to check the process is still there
+# CPU seconds the speculator must use between two checks to count as making progress (an idle
+# speculator polling its socket uses well under a millisecond per check).
+PROGRESS_CPU_S = 0.01
+# However busy the speculator is, drafts later than this many `--ssd-speculator-timeout`s are a
+# fault (a speculator spinning in a loop uses CPU without making progress).
+HARD_TIMEOUT_FACTOR = 10
 
 
 class SpeculatorClient:
@@ -197,20 +203,35 @@ class SpeculatorClient:
         return batch
 
     def _wait_drafts(self, link: TargetLink) -> ReceivedDrafts:
-        """The reply to the outstanding Step, waiting at most `--ssd-speculator-timeout` and
-        checking the process between short polls (a killed speculator is found at once)."""
+        """The reply to the outstanding Step, checking the process between short polls (a
+        killed speculator is found at once). The timeout is progress-based: the wait goes on
+        while the speculator keeps using CPU (a busy speculator on a slow CPU is never
+        restarted) and ends after `--ssd-speculator-timeout` seconds without progress (a
+        stopped or blocked one), or after `HARD_TIMEOUT_FACTOR` timeouts in all.
+
+        Raises:
+            TransportError: the process exited, or no drafts within those limits.
+        """
         timeout = self.config.speculator_timeout
-        deadline = time.monotonic() + timeout
+        start = last_progress = time.monotonic()
+        cpu: float | None = None
         while True:
-            left = deadline - time.monotonic()
+            now = time.monotonic()
+            left = min(last_progress + timeout, start + HARD_TIMEOUT_FACTOR * timeout) - now
             got = link.recv_drafts(self.step_id, max(min(ALIVE_POLL_S, left), 0.0))
             if got is not None:
                 return got
             process = self.supervisor.process
             if process is None or not process.alive():
                 raise TransportError("the speculator process exited while drafting")
-            if left <= ALIVE_POLL_S:
-                raise TransportError(f"no drafts within {timeout} s")
+            used = process.cpu_seconds()
+            if used is not None and cpu is not None and used - cpu >= PROGRESS_CPU_S:
+                last_progress = time.monotonic()
+            cpu = used if used is not None else cpu
+            if left <= ALIVE_POLL_S and time.monotonic() - last_progress >= timeout:
+                raise TransportError(f"no drafts within {timeout} s without speculator progress")
+            if time.monotonic() - start >= HARD_TIMEOUT_FACTOR * timeout:
+                raise TransportError(f"no drafts within {HARD_TIMEOUT_FACTOR} x {timeout} s")
 
     def record_outcomes(
         self, rids: Sequence[str], accept_lens: list[int], bonus: list[int]

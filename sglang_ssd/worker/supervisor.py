@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+import psutil
 import torch
 
 from sglang_ssd.config import SSDConfig
@@ -88,6 +89,15 @@ class SpeculatorProcess:
 
     def alive(self) -> bool:
         return self.proc.poll() is None
+
+    def cpu_seconds(self) -> float | None:
+        """User + system CPU seconds the process has used (None once it is gone): the client
+        reads its growth as progress while it waits for drafts."""
+        try:
+            times = psutil.Process(self.proc.pid).cpu_times()
+        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+            return None
+        return float(times.user + times.system)
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Terminate (then kill) the process and reap it; idempotent, never raises."""

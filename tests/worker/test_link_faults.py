@@ -116,6 +116,10 @@ class ThreadSpeculator:
     def alive(self) -> bool:
         return self.thread.is_alive()
 
+    def cpu_seconds(self) -> float:
+        """Progress as `SpeculatorProcess.cpu_seconds` measures it: none while hung."""
+        return 0.0 if self.hang.is_set() else time.monotonic()
+
     def kill(self) -> None:
         self.killed.set()
 
