@@ -377,8 +377,9 @@ class SpeculatorEngine:
     def serve(self, rids: Sequence[str], backup: str, depth: int) -> list[Draft | None]:
         """The draft of each request: its cache hit, else the backup (`jit`, `ngram`, `random`).
 
-        Requests with a short backlog (at most `serve_prefill_tokens` unfed tokens) are fed
-        first; those still prefilling a longer one, and those whose jit draft the KV pool cannot
+        Requests with a short backlog (at most `serve_prefill_tokens` unfed tokens; with a
+        feature-reading runtime, one chunk of any backlog) are fed first; those still
+        prefilling a longer one, and those whose jit draft the KV pool cannot
         hold, get an n-gram draft (or the point-mass backup the target chose).
 
         Args:
@@ -398,8 +399,11 @@ class SpeculatorEngine:
         need = [s for s in states if s is not None and s.draft is None]
         if need:
             # Catch-up feeds only (a miss's unfed accepted tokens): a prompt still prefilling
-            # gets a backup draft now, its prefill going on between rounds.
-            small = [s for s in need if s.feedable <= self.serve_prefill_tokens]
+            # gets a backup draft now, its prefill going on between rounds. A runtime that reads
+            # the target's features gets a prompt's features with its first Step (nothing could
+            # feed it before), and its forwards are cheap: it gets one chunk now.
+            limit = self.prefill_chunk_tokens if self.model.uses_features else None
+            small = [s for s in need if s.feedable <= (limit or self.serve_prefill_tokens)]
             self._prefill(small, self.prefill_chunk_tokens)
             ready = [s for s in need if s.prefilled]
             pool_full = self._pool_free() == 0  # else the chunk's budget ran out first

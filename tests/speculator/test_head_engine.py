@@ -43,8 +43,6 @@ def _run(engine: SpeculatorEngine, target, aux: tuple[int, ...], prompt: list[in
         committed += engine.requests["r"].committed[len(committed) :]
         assert engine.add_features("r", start, feats[0, start : start + n])
         engine.refresh_features()
-        while engine.prefill_pending():  # the server's idle loop: the prompt's features are in
-            engine.advance_prefill()
         (draft,) = engine.serve(["r"], backup="jit", depth=GAMMA)
         engine.build(["r"])
         root = len(committed) - 1
