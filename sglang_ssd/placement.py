@@ -4,7 +4,8 @@
 `place` picks the speculator's `Placement` (and, on CPU, pins the calling target process).
 `pin_process` pins every thread of the calling process (Linux `sched_setaffinity` applies per
 thread, and OpenMP pools may already exist) and sets torch's intra-op thread count to match;
-`widened` does it for the span of a block (a borrowed or lent core) and pins back after.
+`widened` does it for the span of a block (the speculator's cores lent to the target) and pins
+back after.
 `split_cpus` decides the default split: the speculator gets the last core, the target the rest
 (of the replica's cores with `--dp-size` > 1: `replica_cpus`).
 `TargetGpus` and `draft_gpu` decide the default GPU and refuse collisions with the target's.
@@ -231,8 +232,8 @@ def widened(own: Sequence[int], extra: Sequence[int]) -> Iterator[None]:
     threads; after it (also when it raises) it is pinned back to `own`. Without extra cores
     (all of `extra` already in `own`) nothing changes.
 
-    Cost: one `sched_setaffinity` per thread of the process each way, well under a millisecond
-    for a speculator's ~20 threads.
+    Cost: one `sched_setaffinity` per thread of the process each way, about a millisecond in
+    all for a scheduler process (`CoreLending`).
 
     Raises:
         ValueError: as `pin_process`, for cores this process may not use.

@@ -402,9 +402,10 @@ class SpeculatorEngine:
             # gets a backup draft now, its prefill going on between rounds. A runtime that reads
             # the target's features gets a prompt's features with its first Step (nothing could
             # feed it before), and its forwards are cheap: it gets one chunk now.
-            limit = self.prefill_chunk_tokens if self.model.uses_features else None
-            small = [s for s in need if s.feedable <= (limit or self.serve_prefill_tokens)]
-            self._prefill(small, self.prefill_chunk_tokens)
+            fed = need
+            if not self.model.uses_features:
+                fed = [s for s in need if s.feedable <= self.serve_prefill_tokens]
+            self._prefill(fed, self.prefill_chunk_tokens)
             ready = [s for s in need if s.prefilled]
             pool_full = self._pool_free() == 0  # else the chunk's budget ran out first
             for s in need:

@@ -214,10 +214,10 @@ class SpeculatorClient:
         """
         timeout = self.config.speculator_timeout
         start = last_progress = time.monotonic()
+        hard_deadline = start + HARD_TIMEOUT_FACTOR * timeout
         cpu: float | None = None
         while True:
-            now = time.monotonic()
-            left = min(last_progress + timeout, start + HARD_TIMEOUT_FACTOR * timeout) - now
+            left = min(last_progress + timeout, hard_deadline) - time.monotonic()
             got = link.recv_drafts(self.step_id, max(min(ALIVE_POLL_S, left), 0.0))
             if got is not None:
                 return got
@@ -225,12 +225,14 @@ class SpeculatorClient:
             if process is None or not process.alive():
                 raise TransportError("the speculator process exited while drafting")
             used = process.cpu_seconds()
-            if used is not None and cpu is not None and used - cpu >= PROGRESS_CPU_S:
-                last_progress = time.monotonic()
-            cpu = used if used is not None else cpu
-            if left <= ALIVE_POLL_S and time.monotonic() - last_progress >= timeout:
+            now = time.monotonic()
+            if used is not None:
+                if cpu is not None and used - cpu >= PROGRESS_CPU_S:
+                    last_progress = now
+                cpu = used
+            if now - last_progress >= timeout:
                 raise TransportError(f"no drafts within {timeout} s without speculator progress")
-            if time.monotonic() - start >= HARD_TIMEOUT_FACTOR * timeout:
+            if now >= hard_deadline:
                 raise TransportError(f"no drafts within {HARD_TIMEOUT_FACTOR} x {timeout} s")
 
     def record_outcomes(
