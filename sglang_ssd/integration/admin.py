@@ -95,17 +95,20 @@ def stats(worker: SSDWorker, scheduler: Any = None) -> dict[str, Any]:
     requests."""
     out: dict[str, Any] = worker.timer.snapshot().summary()
     out["dp_rank"] = worker.dp_rank
-    speculator = {**worker.speculator_admin.stats(), **worker.planner.stats()}
-    steps = max(speculator.get("steps", 0.0), 1.0)
-    for name in ("build_s", "lookup_s", "backup_s", "send_s"):
-        if name in speculator:
-            out[f"avg_speculator_{name}"] = speculator[name] / steps
-    if "send_s" in speculator:
-        out["avg_transport_s"] = speculator["send_s"] / steps
-    for name in ("faults", "restarts", "speculator_up"):
-        if name in speculator:
-            out[name] = speculator[name]
-    out["speculator"] = speculator
+    link = worker.speculator_admin.stats()
+    spec, client = link.speculator, link.client
+    if spec is not None:  # the speculator answered
+        steps = max(spec.steps, 1)
+        out["avg_speculator_build_s"] = spec.build_s / steps
+        out["avg_speculator_lookup_s"] = spec.lookup_s / steps
+        out["avg_speculator_backup_s"] = spec.backup_s / steps
+        out["avg_speculator_send_s"] = spec.send_s / steps
+        out["avg_transport_s"] = spec.send_s / steps
+    out["faults"] = client.faults
+    out["restarts"] = client.restarts
+    out["speculator_up"] = client.speculator_up
+    counters = flat(spec) if spec is not None else {}
+    out["speculator"] = {**counters, **flat(client), **worker.planner.stats()}
     plain = worker.plain_timer.snapshot().summary()
     out["plain_rounds"] = {k: plain[k] for k in ("rounds", "request_rounds", "avg_forward_s")}
     out.update(round_balance(out["target_phases"], worker.speculator_client))
@@ -115,6 +118,19 @@ def stats(worker: SSDWorker, scheduler: Any = None) -> dict[str, Any]:
         out["fallback"] = fallback(worker.planner.policy)
     except Exception as exc:  # the scheduler thread may be updating it: keep the counters
         out["fallback"] = {"error": f"{type(exc).__name__}: {exc}"}
+    return out
+
+
+def flat(counters: Any) -> dict[str, Any]:
+    """A stats struct or dataclass as `/ssd/stats`' `speculator` lists it: one key per field,
+    a dict field `name` as one `name_<key>` per key (`fanout_hits_3`, `phase_s_glue`), a field
+    that is None left out."""
+    out: dict[str, Any] = {}
+    for name, value in msgspec.to_builtins(counters).items():
+        if isinstance(value, dict):
+            out.update({f"{name}_{key}": v for key, v in value.items()})
+        elif value is not None:
+            out[name] = value
     return out
 
 

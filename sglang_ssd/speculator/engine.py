@@ -41,6 +41,7 @@ from sglang_ssd.speculator.prespeculation import prespeculate
 from sglang_ssd.speculator.runtimes import DraftRuntime
 from sglang_ssd.speculator.state import Draft, RequestState, empty_slots, generator_device
 from sglang_ssd.speculator.target_features import TargetFeatures
+from sglang_ssd.transport import SpeculatorStats
 
 logger = logging.getLogger(__name__)
 
@@ -199,36 +200,31 @@ class SpeculatorEngine:
     def num_used_slots(self) -> int:
         return self.model.kv_pool.num_used
 
-    def stats(self) -> dict[str, float]:
-        """The engine's counters for `/ssd/stats`: the speculation cache's (`cache_*`), KV slots
-        in use and in all, open requests and those still prefilling, cached entries, the live
-        hit-model exponent r, the rounds the KV pool or a pending prefill degraded
-        (`kv_exhausted` = drafts + builds), the ids the draft samples from
-        (`draft_vocab_size`, `--ssd-draft-vocab`) and the D of the latest build
-        (`build_tree_depth`), and since start the outcomes that had F cached branches at their
-        accept length and those that hit (`fanout_outcomes_F`, `fanout_hits_F`) and the builds
-        by tree depth (`builds_at_depth_D`)."""
-        out = {f"cache_{k}": float(v) for k, v in self.cache.stats.items()}
-        out["kv_slots_used"] = float(self.num_used_slots())
-        out["kv_slots_total"] = float(self.model.kv_pool.num_slots)
-        out["open_requests"] = float(len(self.requests))
-        out["prefilling_requests"] = float(sum(not s.prefilled for s in self.requests.values()))
-        out["cache_entries"] = float(self.cache.num_entries)
-        out["hit_exponent"] = self.hit_exponent
-        out["kv_exhausted"] = float(self.kv_exhausted_drafts + self.kv_exhausted_builds)
-        out["kv_exhausted_drafts"] = float(self.kv_exhausted_drafts)
-        out["kv_exhausted_builds"] = float(self.kv_exhausted_builds)
-        out["prefill_backup_drafts"] = float(self.prefill_backup_drafts)
-        vocab = self.model.vocab
-        out["draft_vocab_size"] = float(vocab.size if vocab is not None else self.vocab_size)
-        out["build_tree_depth"] = float(self.last_build_depth)
-        for name, counts in (
-            ("fanout_outcomes", self.fanout_outcomes),
-            ("fanout_hits", self.fanout_hits),
-            ("builds_at_depth", self.builds_by_depth),
-        ):
-            out.update({f"{name}_{k}": float(v) for k, v in sorted(counts.items())})
-        return out
+    def stats(self) -> SpeculatorStats:
+        """The engine's counters for `/ssd/stats` (`SpeculatorStats` says what each is); the
+        Steps' totals are the server's (`SpeculatorServer.stats`) and stay 0 here."""
+        cache, vocab = self.cache, self.model.vocab
+        return SpeculatorStats(
+            cache_hits=cache.stats["hits"],
+            cache_misses=cache.stats["misses"],
+            cache_evicted_requests=cache.stats["evicted_requests"],
+            cache_truncated_entries=cache.stats["truncated_entries"],
+            kv_slots_used=self.num_used_slots(),
+            kv_slots_total=self.model.kv_pool.num_slots,
+            open_requests=len(self.requests),
+            prefilling_requests=sum(not s.prefilled for s in self.requests.values()),
+            cache_entries=cache.num_entries,
+            hit_exponent=self.hit_exponent,
+            kv_exhausted=self.kv_exhausted_drafts + self.kv_exhausted_builds,
+            kv_exhausted_drafts=self.kv_exhausted_drafts,
+            kv_exhausted_builds=self.kv_exhausted_builds,
+            prefill_backup_drafts=self.prefill_backup_drafts,
+            draft_vocab_size=vocab.size if vocab is not None else self.vocab_size,
+            build_tree_depth=self.last_build_depth,
+            fanout_outcomes=dict(sorted(self.fanout_outcomes.items())),
+            fanout_hits=dict(sorted(self.fanout_hits.items())),
+            builds_at_depth=dict(sorted(self.builds_by_depth.items())),
+        )
 
     # ---------------------------------------------------------------- outcomes
     def apply_outcomes(self, outcomes: Sequence[OutcomeIn]) -> list[str]:

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+import msgspec
 import torch
 
 from sglang_ssd.phases import PhaseTimer
@@ -32,6 +33,7 @@ from sglang_ssd.transport import (
     Open,
     Shutdown,
     SpeculatorLink,
+    SpeculatorStats,
     SpeculatorTiming,
     StatsReply,
     StatsRequest,
@@ -55,7 +57,7 @@ class SpeculatorServer:
         self._forwards_reported = engine.model.forward_count  # draft forwards told the target
         # Each Step's work, measured once: `lookup` (outcomes and features in), `backup`
         # (serving the drafts), `send`, and `build` (pre-speculation after the Step). Totals
-        # since start feed `counters`; each Step's own seconds feed its `SpeculatorTiming`.
+        # since start feed `stats`; each Step's own seconds feed its `SpeculatorTiming`.
         self.steps = PhaseTimer()
 
     def run(self) -> None:
@@ -117,7 +119,7 @@ class SpeculatorServer:
         elif isinstance(msg, Configure):
             self._configure(msg)
         elif isinstance(msg, StatsRequest):
-            self.link.send(StatsReply(counters=self.stats()))
+            self.link.send(StatsReply(stats=self.stats()))
         elif isinstance(msg, Error):
             logger.warning("SSD speculator: target reported an error: %s", msg.reason)
 
@@ -145,15 +147,6 @@ class SpeculatorServer:
         if engine.config.mode == "async":
             with steps.phase("build"):
                 self._timed_rest("build", lambda: engine.build(step.requests))
-
-    @property
-    def counters(self) -> dict[str, float]:
-        """Totals since start for `/ssd/stats`: Steps answered (Drafts sent) and the seconds of
-        each part of them (`lookup_s`, `backup_s`, `send_s`, `build_s`), a view of `steps`."""
-        out: dict[str, float] = {"steps": float(self.steps.calls.get("send", 0))}
-        for name in ("build", "lookup", "backup", "send"):
-            out[f"{name}_s"] = self.steps.seconds.get(name, 0.0)
-        return out
 
     def _add_features(self, step: Step) -> None:
         """The Step's target features (an EAGLE-3 head draft; the link received the tensor with
@@ -228,7 +221,16 @@ class SpeculatorServer:
         )
         return msg, tokens, q
 
-    def stats(self) -> dict[str, float]:
-        """Counters for `/ssd/stats`: round totals and timers, then the engine's (cache hits,
-        pool use, hit exponent)."""
-        return {**self.counters, **self.engine.stats()}
+    def stats(self) -> SpeculatorStats:
+        """Counters for `/ssd/stats`: the engine's (cache hits, pool use, hit exponent, ...)
+        with the totals since start of the Steps answered (Drafts sent) and the seconds of each
+        part of them, a view of `steps`."""
+        calls, seconds = self.steps.calls, self.steps.seconds
+        return msgspec.structs.replace(
+            self.engine.stats(),
+            steps=calls.get("send", 0),
+            build_s=seconds.get("build", 0.0),
+            lookup_s=seconds.get("lookup", 0.0),
+            backup_s=seconds.get("backup", 0.0),
+            send_s=seconds.get("send", 0.0),
+        )

@@ -56,7 +56,8 @@ from sglang_ssd.transport.wire import Message as _Message
 # 7: Step.features / feature_size / feature_dtype (an EAGLE-3 head's target features).
 # 8: SSDConfig.draft_runtime (`--ssd-draft-runtime`), which AdminReply.config carries.
 # 9: SSDConfig.prefill_lend_tokens (`--ssd-prefill-lend-tokens`, a live setting).
-PROTOCOL_VERSION = 9
+# 10: StatsReply.stats, a typed `SpeculatorStats` (was `counters`, a dict of named floats).
+PROTOCOL_VERSION = 10
 
 Role = Literal["target", "speculator"]
 StepBackup = Literal[backup_names()]  # type: ignore[valid-type]  # `saguaro.draft_kinds`
@@ -296,10 +297,69 @@ class StatsRequest(_Message, tag="stats"):
     """Target → speculator: ask for its counters."""
 
 
-class StatsReply(_Message, tag="stats_reply"):
-    """Speculator → target: named counters (hits, misses, seconds, ...)."""
+Count = Annotated[int, Meta(ge=0)]
+# Counts by a small int (a fan-out F, a tree depth D): open-ended, so a dict, not fields.
+CountsBy = Annotated[
+    dict[Annotated[int, Meta(ge=0, le=MAX_VOCAB)], Count], Meta(max_length=MAX_BATCH)
+]
 
-    counters: dict[Annotated[str, Meta(max_length=256)], float]
+
+class SpeculatorStats(Struct):
+    """The speculator's counters for `/ssd/stats`, totals since it started unless said.
+
+    Its Steps (`SpeculatorServer`): `steps` answered (Drafts sent) and the seconds of each part
+    of them, `build_s` (pre-speculation after the Step), `lookup_s` (outcomes and features in),
+    `backup_s` (serving the drafts), `send_s` (sending them).
+
+    Its engine (`SpeculatorEngine`), now: the speculation cache's `cache_hits`,
+    `cache_misses`, `cache_evicted_requests`, `cache_truncated_entries` (totals) and
+    `cache_entries`; KV slots in use and in all (`kv_slots_used`, `kv_slots_total`); requests
+    open and still prefilling; the live hit-model exponent r (`hit_exponent`); the ids the
+    draft samples from (`draft_vocab_size`, `--ssd-draft-vocab`); the D of the latest build
+    (`build_tree_depth`). Totals: rounds the KV pool degraded (`kv_exhausted` =
+    `kv_exhausted_drafts` + `kv_exhausted_builds`), drafts served by a backup while the
+    request's prefill went on (`prefill_backup_drafts`), and for the speedup model
+    (`eval.model_check`) the outcomes that had F cached branches at their accept length
+    (`fanout_outcomes`, by F), those that hit (`fanout_hits`, by F) and the builds by tree
+    depth (`builds_at_depth`, by D).
+    """
+
+    steps: Count = 0
+    build_s: Seconds = 0.0
+    lookup_s: Seconds = 0.0
+    backup_s: Seconds = 0.0
+    send_s: Seconds = 0.0
+    cache_hits: Count = 0
+    cache_misses: Count = 0
+    cache_evicted_requests: Count = 0
+    cache_truncated_entries: Count = 0
+    kv_slots_used: Count = 0
+    kv_slots_total: Count = 0
+    open_requests: Count = 0
+    prefilling_requests: Count = 0
+    cache_entries: Count = 0
+    hit_exponent: float = 0.0
+    kv_exhausted: Count = 0
+    kv_exhausted_drafts: Count = 0
+    kv_exhausted_builds: Count = 0
+    prefill_backup_drafts: Count = 0
+    draft_vocab_size: Count = 0
+    build_tree_depth: Count = 0
+    fanout_outcomes: CountsBy = msgspec.field(default_factory=dict)
+    fanout_hits: CountsBy = msgspec.field(default_factory=dict)
+    builds_at_depth: CountsBy = msgspec.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("build_s", "lookup_s", "backup_s", "send_s", "hit_exponent"):
+            finite(name, getattr(self, name))
+        if self.kv_exhausted != self.kv_exhausted_drafts + self.kv_exhausted_builds:
+            raise ValueError("kv_exhausted must be kv_exhausted_drafts + kv_exhausted_builds")
+
+
+class StatsReply(_Message, tag="stats_reply"):
+    """Speculator → target: its counters."""
+
+    stats: SpeculatorStats
 
 
 class Shutdown(_Message, tag="shutdown"):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from sglang_ssd.config import SSDConfig, SSDConfigError, TargetCapacity
@@ -17,6 +18,7 @@ from sglang_ssd.transport import (
     Configure,
     ConfigureAck,
     Message,
+    SpeculatorStats,
     StatsReply,
     StatsRequest,
     TransportError,
@@ -45,6 +47,49 @@ def speculator_config(config: SSDConfig, capacity: TargetCapacity | None) -> SSD
         capacity,
     )
     return sized
+
+
+@dataclass(frozen=True)
+class SpeculatorClientStats:
+    """The client's own counters for `/ssd/stats`.
+
+    Attributes:
+        faults, restarts: the speculator's faults (timeouts, crashes) and restarts since start.
+        speculator_up: a speculator is linked now.
+        target_opened, target_pending, target_tracked, target_features_buffered: the requests
+            the client opened, those whose Open waits, those it tracks, and those whose target
+            features wait to be sent (leak checks under load).
+        draft_kv_tokens: the speculator's KV pool size the client chose, in tokens.
+        drafts_received: Drafts received since start, `draft_forwards` the draft forwards they
+            report and `build_draft_forwards` those of pre-speculation builds.
+        phase_s: the speculator's seconds by phase since start (`sglang_ssd.phases`).
+        cores_lent: the plain rounds' core lendings since start.
+        speculator_pid: the speculator process's id; None while none runs.
+    """
+
+    faults: int
+    restarts: int
+    speculator_up: bool
+    target_opened: int
+    target_pending: int
+    target_tracked: int
+    target_features_buffered: int
+    draft_kv_tokens: int
+    drafts_received: int
+    draft_forwards: int
+    build_draft_forwards: int
+    phase_s: dict[str, float]
+    cores_lent: int
+    speculator_pid: int | None = None
+
+
+@dataclass(frozen=True)
+class LinkStats:
+    """`SpeculatorAdmin.stats`: the speculator's counters (None: it is down or did not answer)
+    and the client's."""
+
+    speculator: SpeculatorStats | None
+    client: SpeculatorClientStats
 
 
 class SpeculatorAdmin:
@@ -113,39 +158,32 @@ class SpeculatorAdmin:
             supervisor.fault(f"{what}: {exc}")
             return None
 
-    def stats(self) -> dict[str, float]:
-        """The speculator's counters (its open requests, KV slots used and total, rounds the
-        pool degraded: `kv_exhausted`, ...) plus the client's: faults, restarts, the requests it
-        tracks (`target_opened`, `target_pending`, `target_tracked`), the pool size it chose
-        (`draft_kv_tokens`) and, since start, the drafts received, the draft forwards in all and
-        of builds, the speculator's seconds by phase (`phase_s_<phase>`) and the plain rounds'
-        core lendings (`cores_lent`)."""
+    def stats(self) -> LinkStats:
+        """The speculator's counters (None when it is down or did not answer within
+        `STATS_TIMEOUT_S`) and the client's."""
         client = self.client
         supervisor = client.supervisor
-        out: dict[str, float] = {}
         with client.lock:
             got = self._ask(StatsRequest(), StatsReply, STATS_TIMEOUT_S, "stats")
-            if got is not None:
-                out.update(got.counters)
-            elif supervisor.link is not None:  # busy or hung: the next round's timeout says
+            if got is None and supervisor.link is not None:  # busy or hung: the next round says
                 logger.warning("SSD: no stats from the speculator in %.0f s", STATS_TIMEOUT_S)
-            out.update(
-                faults=supervisor.faults,
-                restarts=supervisor.restarts,
-                speculator_up=float(supervisor.link is not None),
-                # The target's own per-request bookkeeping (leak checks under load).
-                target_opened=len(client.opened),
-                target_pending=len(client.pending),
-                target_tracked=len(client.last_seen),
-                target_features_buffered=len(client.features),
-                draft_kv_tokens=float(client.config.draft_kv_tokens or 0),
-                drafts_received=float(client.drafts_received),
-                draft_forwards=float(client.draft_forwards),
-                build_draft_forwards=float(client.build_draft_forwards),
+            process = supervisor.process
+            return LinkStats(
+                speculator=None if got is None else got.stats,
+                client=SpeculatorClientStats(
+                    faults=supervisor.faults,
+                    restarts=supervisor.restarts,
+                    speculator_up=supervisor.link is not None,
+                    target_opened=len(client.opened),
+                    target_pending=len(client.pending),
+                    target_tracked=len(client.last_seen),
+                    target_features_buffered=len(client.features),
+                    draft_kv_tokens=client.config.draft_kv_tokens or 0,
+                    drafts_received=client.drafts_received,
+                    draft_forwards=client.draft_forwards,
+                    build_draft_forwards=client.build_draft_forwards,
+                    phase_s=dict(sorted(client.speculator_phases.seconds.items())),
+                    cores_lent=supervisor.lending.lends,
+                    speculator_pid=None if process is None else process.pid,
+                ),
             )
-            phases = dict(client.speculator_phases.seconds)
-            out.update({f"phase_s_{k}": v for k, v in sorted(phases.items())})
-            out["cores_lent"] = float(supervisor.lending.lends)
-            if supervisor.process is not None:
-                out["speculator_pid"] = float(supervisor.process.pid)
-        return out

@@ -22,12 +22,14 @@ from sglang_ssd.transport.admin_messages import (
 from sglang_ssd.transport.messages import (
     Configure,
     ConfigureAck,
+    SpeculatorStats,
 )
 from sglang_ssd.transport.wire import (
     LiveSettings,
 )
 from sglang_ssd.worker import metrics as worker_metrics
 from sglang_ssd.worker.planner import RoundPlanner
+from sglang_ssd.worker.speculator_admin import LinkStats, SpeculatorClientStats
 from tests.integration import stats_keys
 
 
@@ -153,8 +155,16 @@ class FakeAdmin:
         self.config = self.config.replace(**request.changes.given())
         return ConfigureAck(applied=LiveSettings.of(self.config))
 
-    def stats(self) -> dict[str, float]:
-        return {"faults": 1.0, "restarts": 0.0, "steps": 4.0, "build_s": 2.0, "send_s": 0.04}
+    def stats(self) -> LinkStats:
+        client = SpeculatorClientStats(
+            faults=1, restarts=0, speculator_up=True, target_opened=0, target_pending=0,
+            target_tracked=0, target_features_buffered=0, draft_kv_tokens=0, drafts_received=4,
+            draft_forwards=0, build_draft_forwards=0, phase_s={"glue": 0.5}, cores_lent=0,
+        )  # fmt: skip
+        speculator = SpeculatorStats(
+            steps=4, build_s=2.0, lookup_s=0.4, backup_s=0.8, send_s=0.04, fanout_hits={3: 2}
+        )
+        return LinkStats(speculator=speculator, client=client)
 
 
 @dataclass
@@ -273,6 +283,33 @@ def test_admin_stats_keys_are_pinned() -> None:
     assert stats_keys.STATS_KEYS <= set(body) <= stats_keys.STATS_KEYS | stats_keys.SPECULATOR_KEYS
     assert set(body["plain_rounds"]) == stats_keys.PLAIN_ROUNDS_KEYS
     assert set(body["fallback"]) == stats_keys.FALLBACK_KEYS
+
+
+def test_admin_stats_list_the_speculators_counters_by_field() -> None:
+    """`speculator` lists the speculator's counters, then the client's, then the planner's, one
+    key per field; a dict field one key per entry (`fanout_hits_3`); a missing pid left out."""
+    body = admin.http_body("stats", _ask(FakeWorker(), "stats"))
+    spec = body["speculator"]
+    keys = list(spec)
+    fields = [f for f in SpeculatorStats.__struct_fields__ if f not in ("fanout_outcomes",
+              "fanout_hits", "builds_at_depth")]  # fmt: skip
+    assert keys[: len(fields) + 1] == [*fields, "fanout_hits_3"]
+    assert spec["steps"] == 4 and spec["send_s"] == 0.04 and spec["fanout_hits_3"] == 2
+    assert spec["faults"] == 1 and spec["drafts_received"] == 4 and spec["phase_s_glue"] == 0.5
+    assert "speculator_pid" not in spec and "phase_s" not in spec
+    assert keys[-1] == "round_s_plain_b1" and spec["tree_depth"] == 4  # the planner's
+    averages = [body[f"avg_speculator_{name}_s"] for name in ("build", "lookup", "backup", "send")]
+    assert averages == pytest.approx([0.5, 0.1, 0.2, 0.01]) and body["speculator_up"] is True
+
+
+def test_admin_stats_without_a_speculator_keep_the_clients_counters() -> None:
+    worker = FakeWorker()
+    link = worker.speculator_admin.stats()
+    worker.speculator_admin.stats = lambda: LinkStats(speculator=None, client=link.client)
+    body = admin.http_body("stats", _ask(worker, "stats"))
+    assert not any(key.startswith("avg_speculator_") for key in body)
+    assert "avg_transport_s" not in body and body["faults"] == 1
+    assert "steps" not in body["speculator"] and body["speculator"]["cores_lent"] == 0
 
 
 def test_admin_stats_report_the_schedulers_requests() -> None:

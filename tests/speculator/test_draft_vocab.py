@@ -137,4 +137,4 @@ def test_drafts_candidates_and_cached_branches_stay_in_the_vocabulary(tiny_draft
             assert float(probs[:, ~kept].abs().max()) == 0.0
             assert torch.allclose(probs.sum(-1), torch.ones(probs.shape[0]), atol=1e-5)
     engine.apply_outcomes([OutcomeIn("g", 0, int(vocab.ids[0])), OutcomeIn("s", 0, 5)])
-    assert engine.stats()["draft_vocab_size"] == vocab.size
+    assert engine.stats().draft_vocab_size == vocab.size

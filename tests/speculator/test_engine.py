@@ -179,16 +179,14 @@ def test_one_fanout_plan_per_round_and_outcomes_feed_the_hit_model(tiny_draft, m
     engine.apply_outcomes([OutcomeIn("a", k, bonus), OutcomeIn("b", 4, 95)])
     assert engine.live.num_hit_observations == 2
     stats = engine.stats()
-    assert stats["hit_exponent"] == engine.hit_exponent == engine.live.hit_exponent
+    assert stats.hit_exponent == engine.hit_exponent == engine.live.hit_exponent
     # Cumulative counters for the speedup model: outcomes and hits by F, builds by depth.
     hits = [engine.requests[r].draft is not None and engine.requests[r].draft.source == "cache"
             for r in ("a", "b")]  # fmt: skip
     assert hits[0]
-    outcomes = {f: fanouts.count(f) for f in fanouts}
-    assert {f: stats[f"fanout_outcomes_{f}"] for f in outcomes} == outcomes
-    assert sum(v for n, v in stats.items() if n.startswith("fanout_outcomes_")) == 2
-    assert sum(v for n, v in stats.items() if n.startswith("fanout_hits_")) == sum(hits)
-    assert stats[f"builds_at_depth_{engine.last_build_depth}"] == 1
+    assert stats.fanout_outcomes == {f: fanouts.count(f) for f in fanouts}
+    assert sum(stats.fanout_hits.values()) == sum(hits)
+    assert stats.builds_at_depth == {engine.last_build_depth: 1}
 
 
 def test_applied_outcomes_feed_the_fanout_alpha_at_the_drafts_depth(tiny_draft):

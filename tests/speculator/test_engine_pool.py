@@ -49,9 +49,9 @@ def test_requests_the_pool_cannot_hold_get_ngram_drafts_and_the_others_jit(tiny_
     assert a.tokens == _jit_greedy(tiny_draft, prompts["a"])
     assert b.tokens == _jit_greedy(tiny_draft, prompts["b"])
     assert c.tokens == small.ngram.propose(prompts["c"], 4).tolist()
-    assert small.stats()["kv_exhausted_drafts"] == 1
+    assert small.stats().kv_exhausted_drafts == 1
     small.build(list(prompts))  # 5 glue + 6 × 4 branch slots each: none fits in the 2 left
-    assert small.stats()["kv_exhausted"] == 1 + 3
+    assert small.stats().kv_exhausted == 1 + 3
     assert all(s.branches is None for s in small.requests.values())
     small.apply_outcomes([OutcomeIn(r, 1, 5) for r in prompts])
     small.close("a")  # frees its slots: b and c draft by jit again
@@ -59,7 +59,7 @@ def test_requests_the_pool_cannot_hold_get_ngram_drafts_and_the_others_jit(tiny_
     assert (b.source, c.source) == ("jit", "jit")
     assert b.tokens == _jit_greedy(tiny_draft, prompts["b"] + [b_first, 5])
     assert c.tokens == _jit_greedy(tiny_draft, prompts["c"] + [c_first, 5])
-    assert small.stats()["kv_exhausted_drafts"] == 1
+    assert small.stats().kv_exhausted_drafts == 1
 
 
 def test_a_prompt_larger_than_the_free_pool_is_prefilled_as_slots_free_up(tiny_draft):
@@ -68,7 +68,7 @@ def test_a_prompt_larger_than_the_free_pool_is_prefilled_as_slots_free_up(tiny_d
     small.open("long", LONG[:40], **GREEDY)  # 14 of its 39 prefill tokens fit
     assert small.requests["long"].backlog == 39 - 14 and small.num_used_slots() == 24
     (draft,) = small.serve(["long"], backup="jit", depth=4)
-    assert draft.source == "ngram" and small.stats()["kv_exhausted_drafts"] == 1
+    assert draft.source == "ngram" and small.stats().kv_exhausted_drafts == 1
     assert not small.prefill_pending()  # nothing to do until slots free up: no busy loop
     small.close("a")
     small.close("long")
@@ -87,8 +87,8 @@ def test_a_step_after_a_long_open_does_not_wait_for_its_prefill(tiny_draft):
     assert engine.model.forward_count - before == 1 + 4  # the short backlog, four jit steps
     assert short.source == "jit"  # 10 unfed tokens: within `serve_prefill_tokens`, fed now
     assert long.source == "ngram" and engine.requests["long"].num_fed == 0
-    assert engine.stats()["prefill_backup_drafts"] == 1
-    assert engine.stats()["prefilling_requests"] == 1
+    assert engine.stats().prefill_backup_drafts == 1
+    assert engine.stats().prefilling_requests == 1
     engine.apply_outcomes([OutcomeIn("long", 0, 9), OutcomeIn("short", 0, 9)])
     while engine.prefill_pending():
         engine.advance_prefill()

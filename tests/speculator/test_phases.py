@@ -50,11 +50,12 @@ def test_each_drafts_names_the_rounds_phases_and_they_add_up(tiny_draft) -> None
     assert total >= timing.build_s + timing.backup_s
     assert total <= timing.build_s + timing.lookup_s + timing.backup_s + phases["pack"] + 1e-4
     # Measured once (issue 29, item 4): `/ssd/stats`' totals are the Steps' own seconds summed.
-    counters = server.counters
-    assert counters["steps"] == 2 and first.timing.build_s == 0.0  # no build before Step 1
+    stats = server.stats()
+    assert stats.steps == 2 and first.timing.build_s == 0.0  # no build before Step 1
     for name in ("lookup_s", "backup_s"):
-        assert counters[name] == getattr(first.timing, name) + getattr(second.timing, name)
-    assert counters["build_s"] > second.timing.build_s > 0  # Step 2's build is not reported yet
+        assert getattr(stats, name) == getattr(first.timing, name) + getattr(second.timing, name)
+    assert stats.build_s > second.timing.build_s > 0  # Step 2's build is not reported yet
+    assert stats.open_requests == 1 and stats.kv_slots_used == engine.num_used_slots() > 0
 
 
 def test_the_step_sets_the_depth_of_the_build_after_it(tiny_draft) -> None:

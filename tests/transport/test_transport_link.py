@@ -229,7 +229,7 @@ def test_target_keeps_only_the_outstanding_reply(target_and_fake, caplog) -> Non
                     drafts, tokens, q = make_drafts(step_id + offset, rids, mark)
                     control.send(drafts)
                     tensors.send([tokens, q])
-            control.send(m.StatsReply(counters={}))
+            control.send(m.StatsReply(stats=m.SpeculatorStats()))
 
         caplog.clear()
         thread, out = in_thread(speculator)

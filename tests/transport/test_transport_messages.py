@@ -27,6 +27,18 @@ DRAFTS = m.Drafts(
     q_dtype="bfloat16",
     timing=m.SpeculatorTiming(build_s=0.5, lookup_s=1e-4, backup_s=0.0),
 )
+STATS = m.StatsReply(
+    stats=m.SpeculatorStats(
+        steps=3,
+        send_s=0.25,
+        cache_hits=3,
+        kv_exhausted=2,
+        kv_exhausted_builds=2,
+        fanout_outcomes={4: 3},
+        fanout_hits={4: 2},
+        builds_at_depth={2: 3},
+    )
+)
 EXAMPLES: list[m.Message] = [
     m.Hello(version=m.PROTOCOL_VERSION, role="speculator", pid=123, session="s"),
     m.HelloAck(version=m.PROTOCOL_VERSION, accepted=False, reason="version mismatch"),
@@ -46,7 +58,8 @@ EXAMPLES: list[m.Message] = [
     m.Configure(),
     m.ConfigureAck(applied=wire.LiveSettings.of(SSDConfig(backup="jit"))),
     m.StatsRequest(),
-    m.StatsReply(counters={"hits": 3, "hit_rate": 0.75}),
+    m.StatsReply(stats=m.SpeculatorStats()),
+    STATS,
     m.Shutdown(),
     m.Error(reason="unknown request"),
 ]
@@ -107,6 +120,12 @@ OUT_OF_RANGE = [
     (EXAMPLES[7], ("changes", "fanout_budget"), -1),
     (EXAMPLES[7], ("changes", "mode"), "sync"),  # not a live setting
     (EXAMPLES[9], ("applied", "backup"), None),  # an ack reports every live setting
+    (STATS, ("stats", "steps"), -1),
+    (STATS, ("stats", "send_s"), -0.1),
+    (STATS, ("stats", "hit_exponent"), float("nan")),
+    (STATS, ("stats", "kv_exhausted"), 3),  # not drafts + builds
+    (STATS, ("stats", "fanout_hits"), {"4": 2}),  # keyed by F, an int
+    (STATS, ("stats", "counters"), {}),  # unknown field
     (EXAMPLES[0], ("role",), "client"),
     (EXAMPLES[5], ("extra",), 1),  # unknown field
     (EXAMPLES[5], ("type",), "steps"),  # unknown tag

@@ -303,9 +303,8 @@ def test_stale_outcome_and_closed_requests_are_logged_not_fatal(
     assert set(decode_round(client, planner, reqs[1:])) <= {"jit", "cache"}  # serving goes on
     client.close("s1")
     client.close("s2")
-    stats = admin.stats()
-    assert stats["open_requests"] == 0 and stats["kv_slots_used"] == 0
-    assert stats["cache_entries"] == 0
+    stats = admin.stats().speculator
+    assert stats.open_requests == 0 and stats.kv_slots_used == 0 and stats.cache_entries == 0
 
 
 def test_a_request_that_ends_at_prefill_is_never_opened(
@@ -326,7 +325,7 @@ def test_a_request_that_ends_at_prefill_is_never_opened(
     client.prepare(reqs)
     assert set(client.opened) == {"many", "open-ended"}
     assert set(client.last_seen) == {"many", "open-ended"}
-    wait_until(lambda: admin.stats()["open_requests"] == 2)
+    wait_until(lambda: admin.stats().speculator.open_requests == 2)
 
 
 def test_configure_refuses_fanout_the_speculator_cannot_hold(
@@ -340,7 +339,7 @@ def test_configure_refuses_fanout_the_speculator_cannot_hold(
     assert client.config == before
     ack = admin.configure(Configure(changes=LiveSettings(fanout_budget=16)))
     assert ack is not None and ack.applied.fanout_budget == 16
-    assert admin.stats()["draft_kv_tokens"] == DEFAULT_DRAFT_KV_TOKENS
+    assert admin.stats().client.draft_kv_tokens == DEFAULT_DRAFT_KV_TOKENS
 
 
 def test_plain_rounds_are_refused_live_off_the_cpu(
