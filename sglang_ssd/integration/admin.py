@@ -110,7 +110,9 @@ def stats(worker: SSDWorker, scheduler: Any = None) -> dict[str, Any]:
     counters = flat(spec) if spec is not None else {}
     out["speculator"] = {**counters, **flat(client), **worker.planner.stats()}
     plain = worker.plain_timer.snapshot().summary()
-    out["plain_rounds"] = {k: plain[k] for k in ("rounds", "request_rounds", "avg_forward_s")}
+    out["plain_rounds"] = {
+        k: plain[k] for k in ("rounds", "request_rounds", "avg_forward_s", "target_phases")
+    }
     out.update(round_balance(out["target_phases"], worker.speculator_client))
     if scheduler is not None:
         out.update(scheduler_load(scheduler))

@@ -42,7 +42,7 @@ SPECULATOR_KEYS = frozenset(
 )
 # From SGLang's scheduler (the admin bridge in a running server passes it).
 SCHEDULER_KEYS = frozenset({"target_running", "target_waiting"})
-PLAIN_ROUNDS_KEYS = frozenset({"rounds", "request_rounds", "avg_forward_s"})
+PLAIN_ROUNDS_KEYS = frozenset({"rounds", "request_rounds", "avg_forward_s", "target_phases"})
 FALLBACK_KEYS = frozenset(
     {"mode", "batch_threshold", "auto_batch_threshold", "p_hit", "alpha_hit", "backups"}
 )
