@@ -232,6 +232,7 @@ class RoundPlanner:
         if cold:
             return
         self.round_mode.observe(plan.mode, len(reqs), round_s)
+        self.round_mode.observe_accept(len(reqs), 1.0 + sum(accept_lens) / len(reqs))
         for req, k in zip(reqs, accept_lens, strict=True):
             record_request_tokens(req, k + 1)
 

@@ -12,11 +12,16 @@ wall time of speculative and plain rounds (t_spec(b), t_plain(b); before plain r
 measured, t_plain(b) = `plain_prior` x t_spec(b)). Each request brings its own accept length
 L_r (tokens per speculative round, bonus included, a moving average kept by the worker on the
 request): the batch speculates while mean(L_r) / t_spec(b) beats 1 / t_plain(b) (with a
-margin against flapping). A request whose L_r is not known yet makes the round speculate, so
-newcomers are measured at once. While plain rounds are in use, speculation is re-probed for a
-few rounds at intervals that double while plain keeps winning (exponential backoff), since the
-requests' text may turn more predictable. A batch where no request has more than one token left
-to generate is always plain: no draft token could be used.
+margin against flapping). A request whose L_r is not known yet counts with L(b), the mean
+accept length of recent speculative rounds at the nearest measured batch size, so a batch of
+newcomers is judged at once (on a fresh server, before any speculative round, it speculates to
+measure). A batch size with no plain round measured within a factor 2 of it runs one plain
+round to measure t_plain there: at b = 4 and 8 on the 2-core EPYC a plain round took 0.28-0.3
+of a speculative one (0.27 s against 0.9 s; 0.45 s against 1.6 s), far from a fixed prior's
+guess. While plain rounds are in use, speculation is re-probed for a few rounds at intervals
+that double while plain keeps winning (exponential backoff), since the requests' text may turn
+more predictable. A batch where no request has more than one token left to generate is always
+plain: no draft token could be used.
 """
 
 from __future__ import annotations
@@ -85,6 +90,7 @@ class RoundModePolicy:
     backoff_max: int = 256
     margin: float = 1.3
     _times: dict[RoundMode, dict[int, Ema]] = field(init=False)
+    _accept: dict[int, Ema] = field(init=False)
     _current: RoundMode = field(init=False, default=RoundMode.SPECULATE)
     _probe_left: int = field(init=False, default=0)
     _since_probe: int = field(init=False, default=0)
@@ -101,6 +107,7 @@ class RoundModePolicy:
         if self.margin < 1.0:
             raise ValueError(f"margin must be >= 1, got {self.margin}")
         self._times = {mode: {} for mode in RoundMode}
+        self._accept = {}
         self._backoff = self.backoff_min
         self.rounds = {mode: 0 for mode in RoundMode}
 
@@ -136,10 +143,14 @@ class RoundModePolicy:
         if self._probe_left > 0:
             self._probe_left -= 1
             return RoundMode.SPECULATE
-        known = [x for x in accept_lengths if x is not None]
-        if len(known) < len(accept_lengths):
-            return RoundMode.SPECULATE  # measure the newcomers
-        preferred = self.preferred(len(known), sum(known) / len(known))
+        batch_size = len(accept_lengths)
+        recent = _nearest(self._accept, batch_size)
+        if recent is None and None in accept_lengths:
+            return RoundMode.SPECULATE  # nothing measured yet: measure the newcomers
+        if _nearest(self._times[RoundMode.PLAIN], batch_size, max_ratio=2.0) is None:
+            return RoundMode.PLAIN  # one plain round measures t_plain near this batch size
+        known = [recent if x is None else x for x in accept_lengths]
+        preferred = self.preferred(batch_size, sum(known) / batch_size)
         if preferred != self._current:
             self._current = preferred
             self._since_probe = 0
@@ -188,11 +199,7 @@ class RoundModePolicy:
         return (accept_length if mode == RoundMode.SPECULATE else 1.0) / t
 
     def _time(self, mode: RoundMode, batch_size: int) -> float | None:
-        known = {b: e.value for b, e in self._times[mode].items() if e.value is not None}
-        if not known:
-            return None
-        nearest = min(known, key=lambda b: (abs(math.log(b / batch_size)), b))
-        return known[nearest]
+        return _nearest(self._times[mode], batch_size)
 
     # ------------------------------------------------------------------ measurements
     def observe(self, mode: RoundMode, batch_size: int, round_s: float) -> None:
@@ -211,6 +218,17 @@ class RoundModePolicy:
             raise ValueError(f"need batch_size >= 1 and round_s > 0, got {batch_size}, {round_s}")
         self._times[mode].setdefault(batch_size, Ema(self.ema_weight)).add(round_s)
 
+    def observe_accept(self, batch_size: int, mean_tokens: float) -> None:
+        """Fold in one speculative round's mean tokens per request (k + 1, bonus included) at
+        `batch_size`: L(b), what a request with no L_r of its own is assumed to accept.
+
+        Raises:
+            ValueError: on a batch size < 1 or a mean below 1 token.
+        """
+        if batch_size < 1 or not mean_tokens >= 1.0:
+            raise ValueError(f"need batch_size >= 1 and mean_tokens >= 1, got {mean_tokens}")
+        self._accept.setdefault(batch_size, Ema(self.ema_weight)).add(mean_tokens)
+
     def stats(self) -> dict[str, float]:
         """For `/ssd/stats`: rounds by mode, the mode in use (1 = plain) and the measured round
         times at batch size 1 (seconds; 0 before a measurement)."""
@@ -221,6 +239,20 @@ class RoundModePolicy:
             "round_s_speculate_b1": self._time(RoundMode.SPECULATE, 1) or 0.0,
             "round_s_plain_b1": self._time(RoundMode.PLAIN, 1) or 0.0,
         }
+
+
+def _nearest(
+    averages: dict[int, Ema], batch_size: int, max_ratio: float = math.inf
+) -> float | None:
+    """The average at the measured batch size nearest to `batch_size` (by ratio; the smaller
+    on a tie), None when none is measured within `max_ratio` of it."""
+    known = {b: e.value for b, e in averages.items() if e.value is not None}
+    if not known:
+        return None
+    nearest = min(known, key=lambda b: (abs(math.log(b / batch_size)), b))
+    if abs(math.log(nearest / batch_size)) > math.log(max_ratio):
+        return None
+    return known[nearest]
 
 
 # Each request's L_r lives on its SGLang `Req` under this attribute (an `Ema` of tokens per

@@ -39,8 +39,8 @@ def test_slow_speculation_turns_plain_and_probes_with_backoff():
     """L 1.8 per 0.5 s speculating (3.6 tok/s) against 1 per 0.2 s plain (5 tok/s)."""
     policy = RoundModePolicy(backoff_min=8, backoff_max=64, margin=1.05)
     modes = _drive(policy, 400, spec_s=0.5, plain_s=0.2, length=1.8)
-    # Speculation first (no time measured), then plain by the prior (0.25 s), then measured.
-    assert modes[:2] == [SPEC, PLAIN]
+    # One plain round measures t_plain at b = 1, then speculation is measured and loses.
+    assert modes[:3] == [PLAIN, SPEC, PLAIN]
     tail = modes[150:]
     assert tail.count(PLAIN) > 0.9 * len(tail)
     starts = [i for i in range(1, len(tail)) if tail[i] == SPEC and tail[i - 1] == PLAIN]
@@ -53,7 +53,7 @@ def test_slow_speculation_turns_plain_and_probes_with_backoff():
 
 def test_fast_speculation_stays_and_each_request_brings_its_accept_length():
     policy = RoundModePolicy(margin=1.05)
-    assert _drive(policy, 50, spec_s=0.5, plain_s=0.2, length=4.0) == [SPEC] * 50
+    assert _drive(policy, 50, spec_s=0.5, plain_s=0.2, length=4.0) == [PLAIN] + [SPEC] * 49
     # A chat-like request (L 1.5) alone: plain; with a code-like one (mean L 2.75 > 2.5): not.
     assert policy.choose([100], [1.5]) == PLAIN
     policy.observe(PLAIN, 1, 0.2)
@@ -65,6 +65,34 @@ def test_fast_speculation_stays_and_each_request_brings_its_accept_length():
     policy.observe(PLAIN, 4, 0.3)
     assert policy.rate(SPEC, 4, 2.0) == pytest.approx(2.0 / 0.6)
     assert policy.rate(PLAIN, 3) == pytest.approx(1 / 0.3)  # the nearest measured size
+
+
+def test_newcomers_count_with_the_recent_accept_length_at_their_batch_size():
+    """Rounds measured as on the 2-core EPYC at b = 4 (speculative 0.9 s, plain 0.27 s): a
+    batch of newcomers is judged at once by L(4), and a batch size with no plain round measured
+    within a factor 2 runs one plain round to measure it."""
+    policy = RoundModePolicy()
+    newcomers = [None] * 4
+    assert policy.choose([100] * 4, newcomers) == SPEC  # fresh server: measure speculation
+    policy.observe(SPEC, 4, 0.9)
+    policy.observe_accept(4, 1.6)  # chat-like rounds
+    assert policy.choose([100] * 4, newcomers) == PLAIN  # t_plain(4) unmeasured: measure it
+    policy.observe(PLAIN, 4, 0.27)
+    assert policy.choose([100] * 4, newcomers) == PLAIN  # 1.6 / 0.9 against 1 / 0.27
+    assert policy.plain_now
+    code = RoundModePolicy()
+    code.observe(SPEC, 4, 0.9)
+    code.observe(PLAIN, 4, 0.27)
+    code.observe_accept(4, 4.5)
+    assert code.choose([100] * 4, newcomers) == SPEC  # 4.5 / 0.9 against 1 / 0.27
+    assert code.choose([100] * 8, [None] * 8) == SPEC  # b = 8: t_plain(4) is near enough
+    assert code.choose([100] * 16, [None] * 16) == PLAIN  # b = 16 is not: measure it
+    code.observe(PLAIN, 16, 0.6)
+    assert (
+        code.choose([100] * 16, [None] * 16) == SPEC
+    )  # nearest L(4) and t_spec(4): 4.5 / 0.9 against 1 / 0.6
+    with pytest.raises(ValueError, match="mean_tokens"):
+        code.observe_accept(4, 0.5)
 
 
 def test_the_default_margin_keeps_speculating_when_plain_is_only_a_little_faster():
