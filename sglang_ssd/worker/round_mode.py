@@ -73,6 +73,10 @@ class RoundModePolicy:
         probe_rounds: speculative rounds per probe while plain rounds are in use.
         backoff_min, backoff_max: plain rounds between probes; doubles from min to max each
             time a probe confirms plain rounds, back to min when speculation takes over.
+        probe_share: probes take at most this share of the plain rounds' time between them:
+            at least probe_rounds x t_spec(b) / (probe_share x t_plain(b)) plain rounds pass
+            between probes (a speculative round at b = 4 and 8 cost 3-3.5 plain ones on the
+            2-core EPYC, so 16 plain rounds between 4-round probes spent half the time in them).
         margin: the other mode must be rated this factor faster to take over (≥ 1). A switch
             costs more than the rates show (the first speculative round after plain ones drafts
             just in time, and the pre-speculation built meanwhile is lost): with 1.05, mixed
@@ -88,6 +92,7 @@ class RoundModePolicy:
     probe_rounds: int = 4
     backoff_min: int = 16
     backoff_max: int = 256
+    probe_share: float = 0.2
     margin: float = 1.3
     _times: dict[RoundMode, dict[int, Ema]] = field(init=False)
     _accept: dict[int, Ema] = field(init=False)
@@ -104,6 +109,8 @@ class RoundModePolicy:
             raise ValueError("ema_weight must be in (0, 1] and plain_prior > 0")
         if self.probe_rounds < 1 or not 1 <= self.backoff_min <= self.backoff_max:
             raise ValueError("need probe_rounds >= 1 and 1 <= backoff_min <= backoff_max")
+        if not 0.0 < self.probe_share <= 1.0:
+            raise ValueError(f"probe_share must be in (0, 1], got {self.probe_share}")
         if self.margin < 1.0:
             raise ValueError(f"margin must be >= 1, got {self.margin}")
         self._times = {mode: {} for mode in RoundMode}
@@ -159,12 +166,22 @@ class RoundModePolicy:
         if self._current == RoundMode.SPECULATE:
             return RoundMode.SPECULATE
         self._since_probe += 1
-        if self._since_probe > self._backoff:  # plain held: probe speculation, then wait longer
+        # Plain held: probe speculation, then wait longer.
+        if self._since_probe > max(self._backoff, self._probe_spacing(batch_size)):
             self._since_probe = 0
             self._backoff = min(2 * self._backoff, self.backoff_max)
             self._probe_left = self.probe_rounds - 1
             return RoundMode.SPECULATE
         return RoundMode.PLAIN
+
+    def _probe_spacing(self, batch_size: int) -> int:
+        """Plain rounds at `batch_size` between probes for them to take at most `probe_share`
+        of the time (0 before both round times are measured)."""
+        spec = self._time(RoundMode.SPECULATE, batch_size)
+        plain = self._time(RoundMode.PLAIN, batch_size)
+        if spec is None or plain is None or plain <= 0:
+            return 0
+        return math.ceil(self.probe_rounds * spec / (self.probe_share * plain))
 
     def preferred(self, batch_size: int, accept_length: float) -> RoundMode:
         """The mode rated faster for `batch_size` requests whose mean L_r is `accept_length`;

@@ -95,6 +95,18 @@ def test_newcomers_count_with_the_recent_accept_length_at_their_batch_size():
         code.observe_accept(4, 0.5)
 
 
+def test_probes_take_at_most_their_share_of_the_plain_rounds_time():
+    """At b = 4 on the 2-core EPYC a speculative round (0.9 s) costs 3.3 plain ones (0.27 s):
+    4-round probes come after at least 4 x 0.9 / (0.2 x 0.27) = 67 plain rounds, not 16."""
+    policy = RoundModePolicy()
+    policy.observe(SPEC, 4, 0.9)
+    policy.observe(PLAIN, 4, 0.27)
+    policy.observe_accept(4, 1.6)
+    modes = [policy.choose([100] * 4, [None] * 4) for _ in range(100)]
+    assert modes[:67] == [PLAIN] * 67
+    assert modes[67:71] == [SPEC] * 4
+
+
 def test_the_default_margin_keeps_speculating_when_plain_is_only_a_little_faster():
     policy = RoundModePolicy()
     _drive(policy, 3, spec_s=0.5, plain_s=0.2, length=2.2)
