@@ -26,6 +26,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -41,7 +42,9 @@ from sglang_ssd.speculator.prespeculation import prespeculate
 from sglang_ssd.speculator.runtimes import DraftRuntime
 from sglang_ssd.speculator.state import Draft, RequestState, empty_slots, generator_device
 from sglang_ssd.speculator.target_features import TargetFeatures
-from sglang_ssd.transport import SpeculatorStats
+
+if TYPE_CHECKING:
+    from sglang_ssd.transport.messages import SpeculatorStats
 
 logger = logging.getLogger(__name__)
 
@@ -203,6 +206,10 @@ class SpeculatorEngine:
     def stats(self) -> SpeculatorStats:
         """The engine's counters for `/ssd/stats` (`SpeculatorStats` says what each is); the
         Steps' totals are the server's (`SpeculatorServer.stats`) and stay 0 here."""
+        # Imported here: the engine imports without msgspec (the GPU device check runs it
+        # where only torch is installed: tests/test_gpu_collection.py).
+        from sglang_ssd.transport.messages import SpeculatorStats
+
         cache, vocab = self.cache, self.model.vocab
         return SpeculatorStats(
             cache_hits=cache.stats["hits"],
