@@ -15,10 +15,13 @@ request): the batch speculates while mean(L_r) / t_spec(b) beats 1 / t_plain(b) 
 margin against flapping). A request whose L_r is not known yet counts with L(b), the mean
 accept length of recent speculative rounds at the nearest measured batch size, so a batch of
 newcomers is judged at once (on a fresh server, before any speculative round, it speculates to
-measure). A batch size with no plain round measured within a factor 2 of it runs one plain
-round to measure t_plain there: at b = 4 and 8 on the 2-core EPYC a plain round took 0.28-0.3
-of a speculative one (0.27 s against 0.9 s; 0.45 s against 1.6 s), far from a fixed prior's
-guess. While plain rounds are in use, speculation is re-probed for a few rounds at intervals
+measure). A batch size with no round of a mode measured within a factor 2 of it runs that
+mode to measure it (a speculative round first, then one plain round): at b = 4 and 8 on the
+2-core EPYC a plain round took 0.28-0.3 of a speculative one (0.27 s against 0.9 s; 0.45 s
+against 1.6 s), far from a fixed prior's guess, and a round at batch 1 says little about one at
+batch 4. Each mode's first round since start is not measured (one-time costs: the startup
+warm-up's speculative round took 1.8 s at batch 1, later ones 0.45 s). While plain rounds are
+in use, speculation is re-probed for a few rounds at intervals
 that double while plain keeps winning (exponential backoff), since the requests' text may turn
 more predictable. A batch where no request has more than one token left to generate is always
 plain: no draft token could be used.
@@ -154,6 +157,8 @@ class RoundModePolicy:
         recent = _nearest(self._accept, batch_size)
         if recent is None and None in accept_lengths:
             return RoundMode.SPECULATE  # nothing measured yet: measure the newcomers
+        if _nearest(self._times[RoundMode.SPECULATE], batch_size, max_ratio=2.0) is None:
+            return RoundMode.SPECULATE  # measure t_spec near this batch size
         if _nearest(self._times[RoundMode.PLAIN], batch_size, max_ratio=2.0) is None:
             return RoundMode.PLAIN  # one plain round measures t_plain near this batch size
         known = [recent if x is None else x for x in accept_lengths]

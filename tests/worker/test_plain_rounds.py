@@ -39,8 +39,8 @@ def test_slow_speculation_turns_plain_and_probes_with_backoff():
     """L 1.8 per 0.5 s speculating (3.6 tok/s) against 1 per 0.2 s plain (5 tok/s)."""
     policy = RoundModePolicy(backoff_min=8, backoff_max=64, margin=1.05)
     modes = _drive(policy, 400, spec_s=0.5, plain_s=0.2, length=1.8)
-    # One plain round measures t_plain at b = 1, then speculation is measured and loses.
-    assert modes[:3] == [PLAIN, SPEC, PLAIN]
+    # Speculation is measured at b = 1, then one plain round, and speculation loses.
+    assert modes[:3] == [SPEC, PLAIN, PLAIN]
     tail = modes[150:]
     assert tail.count(PLAIN) > 0.9 * len(tail)
     starts = [i for i in range(1, len(tail)) if tail[i] == SPEC and tail[i - 1] == PLAIN]
@@ -53,7 +53,7 @@ def test_slow_speculation_turns_plain_and_probes_with_backoff():
 
 def test_fast_speculation_stays_and_each_request_brings_its_accept_length():
     policy = RoundModePolicy(margin=1.05)
-    assert _drive(policy, 50, spec_s=0.5, plain_s=0.2, length=4.0) == [PLAIN] + [SPEC] * 49
+    assert _drive(policy, 50, spec_s=0.5, plain_s=0.2, length=4.0) == [SPEC, PLAIN] + [SPEC] * 48
     # A chat-like request (L 1.5) alone: plain; with a code-like one (mean L 2.75 > 2.5): not.
     assert policy.choose([100], [1.5]) == PLAIN
     policy.observe(PLAIN, 1, 0.2)
@@ -86,7 +86,9 @@ def test_newcomers_count_with_the_recent_accept_length_at_their_batch_size():
     code.observe_accept(4, 4.5)
     assert code.choose([100] * 4, newcomers) == SPEC  # 4.5 / 0.9 against 1 / 0.27
     assert code.choose([100] * 8, [None] * 8) == SPEC  # b = 8: t_plain(4) is near enough
-    assert code.choose([100] * 16, [None] * 16) == PLAIN  # b = 16 is not: measure it
+    assert code.choose([100] * 16, [None] * 16) == SPEC  # b = 16 is not: measure both
+    code.observe(SPEC, 16, 2.0)
+    assert code.choose([100] * 16, [None] * 16) == PLAIN
     code.observe(PLAIN, 16, 0.6)
     assert (
         code.choose([100] * 16, [None] * 16) == SPEC

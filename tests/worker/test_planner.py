@@ -159,21 +159,28 @@ class OutcomeSpy:
 def test_a_round_closes_by_its_mode() -> None:
     """A speculative round's outcomes go to the client and into the L_r and round times; a
     plain round's tokens do not (they reach the speculator as `Outcome.extra`); the speculative
-    round after plain ones pays the switch and its time is not measured."""
+    round after plain ones pays the switch and its time is not measured, nor is each mode's
+    first round since start (one-time costs)."""
     planner, client, reqs = RoundPlanner(SSDConfig(lookahead=GAMMA)), OutcomeSpy(), [req("a")]
     spec = planner.plan_round(reqs, client)
     assert spec.mode == RoundMode.SPECULATE and spec.width(GAMMA) == GAMMA + 1
     assert not spec.lends_cores and spec.drafts.sources == ["local-ngram"]
+    planner.close_round(client, reqs, spec, ([1], [7]), 0.2, 1.8)  # the first: one-time costs
+    assert client.outcomes == [(["a"], [1], [7])]
+    assert planner.round_mode.rate(RoundMode.SPECULATE, 1) is None
+    assert not hasattr(reqs[0], "ssd_accept_length")
     planner.close_round(client, reqs, spec, ([2], [7]), 0.2, 0.5)
-    assert client.outcomes == [(["a"], [2], [7])]
+    assert client.outcomes[-1] == (["a"], [2], [7])
     assert planner.round_mode.rate(RoundMode.SPECULATE, 1, 3.0) == pytest.approx(3.0 / 0.5)
     assert reqs[0].ssd_accept_length.value == 3.0  # k + 1 tokens this round
 
     planner.apply({"plain_rounds": "always"}, SSDConfig(lookahead=GAMMA))
     plain = planner.plan_round(reqs, client)
     assert plain.mode == RoundMode.PLAIN and plain.width(GAMMA) == 1 and plain.lends_cores
+    planner.close_round(client, reqs, plain, ([0], [5]), 0.1, 0.9)  # the first plain round
+    assert planner.round_mode.rate(RoundMode.PLAIN, 1) == pytest.approx(1 / (0.5 * 0.5))  # prior
     planner.close_round(client, reqs, plain, ([0], [5]), 0.1, 0.25)
-    assert len(client.outcomes) == 1 and reqs[0].ssd_accept_length.count == 1
+    assert len(client.outcomes) == 2 and reqs[0].ssd_accept_length.count == 1
     assert planner.round_mode.rate(RoundMode.PLAIN, 1) == pytest.approx(1 / 0.25)
 
     planner.apply({"plain_rounds": "never"}, SSDConfig(lookahead=GAMMA))
