@@ -21,10 +21,10 @@ mode to measure it (a speculative round first, then one plain round): at b = 4 a
 against 1.6 s), far from a fixed prior's guess, and a round at batch 1 says little about one at
 batch 4. Each mode's first round since start is not measured (one-time costs: the startup
 warm-up's speculative round took 1.8 s at batch 1, later ones 0.45 s). While plain rounds are
-in use, speculation is re-probed for a few rounds at intervals
-that double while plain keeps winning (exponential backoff), since the requests' text may turn
-more predictable. A batch where no request has more than one token left to generate is always
-plain: no draft token could be used.
+in use, speculation is re-probed for a few rounds at intervals that double while plain keeps
+winning (exponential backoff), since the requests' text may turn more predictable. A batch where
+no request has more than one token left to generate is always plain: no draft token could be
+used.
 """
 
 from __future__ import annotations
@@ -157,9 +157,9 @@ class RoundModePolicy:
         recent = _nearest(self._accept, batch_size)
         if recent is None and None in accept_lengths:
             return RoundMode.SPECULATE  # nothing measured yet: measure the newcomers
-        if _nearest(self._times[RoundMode.SPECULATE], batch_size, max_ratio=2.0) is None:
+        if self._time(RoundMode.SPECULATE, batch_size, max_ratio=2.0) is None:
             return RoundMode.SPECULATE  # measure t_spec near this batch size
-        if _nearest(self._times[RoundMode.PLAIN], batch_size, max_ratio=2.0) is None:
+        if self._time(RoundMode.PLAIN, batch_size, max_ratio=2.0) is None:
             return RoundMode.PLAIN  # one plain round measures t_plain near this batch size
         known = [recent if x is None else x for x in accept_lengths]
         preferred = self.preferred(batch_size, sum(known) / batch_size)
@@ -184,7 +184,7 @@ class RoundModePolicy:
         of the time (0 before both round times are measured)."""
         spec = self._time(RoundMode.SPECULATE, batch_size)
         plain = self._time(RoundMode.PLAIN, batch_size)
-        if spec is None or plain is None or plain <= 0:
+        if spec is None or plain is None:  # `observe` keeps every time > 0
             return 0
         return math.ceil(self.probe_rounds * spec / (self.probe_share * plain))
 
@@ -220,8 +220,9 @@ class RoundModePolicy:
             return None
         return (accept_length if mode == RoundMode.SPECULATE else 1.0) / t
 
-    def _time(self, mode: RoundMode, batch_size: int) -> float | None:
-        return _nearest(self._times[mode], batch_size)
+    def _time(self, mode: RoundMode, batch_size: int, max_ratio: float = math.inf) -> float | None:
+        """t_mode at the nearest measured batch size within `max_ratio` of `batch_size`."""
+        return _nearest(self._times[mode], batch_size, max_ratio)
 
     # ------------------------------------------------------------------ measurements
     def observe(self, mode: RoundMode, batch_size: int, round_s: float) -> None:
