@@ -296,13 +296,13 @@ def cmd_mixed(a: argparse.Namespace) -> int:
     target, draft = presets.model_dirs(a.target, a.draft)
     target_cpu, draft_cpu = _target_and_draft_cpus(a)
     both = [target_cpu, draft_cpu]
+    ssd = presets.ssd(
+        target, draft, name=mixed.SSD, cpus=both, draft_cpus=[draft_cpu], extra=a.ssd_args.split()
+    )
     configs = [
         presets.autoregressive(target, name=mixed.AR, cpus=both, threads=2),
-        presets.ssd(
-            target, draft, name=mixed.SSD, cpus=both, draft_cpus=[draft_cpu],
-            extra=a.ssd_args.split(),
-        ),
-    ]  # fmt: skip
+        *presets.live_variants(ssd, a.ssd_live),
+    ]
     for variant in a.ssd_variant:
         name, _, args = variant.partition("=")
         configs.append(
@@ -487,6 +487,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="NAME=FLAGS",
         help="another SSD configuration to run alongside, e.g. "
         "'SSD-noplain=--ssd-plain-rounds never' (repeatable)",
+    )
+    p.add_argument(
+        "--ssd-live",
+        action="append",
+        default=[],
+        metavar="NAME=JSON",
+        help="another SSD configuration on the SSD server itself, its live settings applied "
+        """before each unit, e.g. 'SSD-auto={"plain_rounds": "auto"}' (repeatable)""",
     )
     cli_options.add_pair(p)
     p.set_defaults(func=cmd_mixed, repeats=2, servers="concurrent")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -244,6 +244,37 @@ def baseline(
         autoregressive(target, cpus=cpus, threads=threads),
         standalone(target, draft, lookahead=lookahead, cpus=cpus, threads=threads),
     ]
+
+
+def live_variants(base: Config, specs: Sequence[str]) -> list[Config]:
+    """`base` and, per spec `NAME=JSON`, a configuration on `base`'s server whose units run
+    with those live SSD settings (`POST /ssd/config` before each unit), e.g.
+    'SSD-auto={"plain_rounds": "auto"}'. Same-server variants rule out the 8-16% that two
+    servers of one configuration can differ by. `base`'s own units then reset those settings
+    to the defaults (`SSDConfig`), so every unit runs with the settings its name says.
+
+    Raises:
+        ValueError: a spec without `NAME=`, settings that are not a non-empty JSON object, or
+            a setting `SSDConfig` does not have.
+    """
+    variants = []
+    for spec in specs:
+        name, sep, text = spec.partition("=")
+        try:
+            settings = json.loads(text) if sep and name else None
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{spec!r}: the settings are not JSON ({exc})") from None
+        if not isinstance(settings, dict) or not settings:
+            raise ValueError(f'{spec!r} is not NAME={{"setting": value, ...}}')
+        unknown = sorted(set(settings) - set(_SSD_DEFAULTS.__dataclass_fields__))
+        if unknown:
+            raise ValueError(f"{spec!r}: SSDConfig has no setting {unknown}")
+        variants.append(replace(base, name=name, share=base.name, admin=settings))
+    if not variants:
+        return [base]
+    keys = {key for v in variants for key in v.admin or {}}
+    reset = {key: getattr(_SSD_DEFAULTS, key) for key in sorted(keys)}
+    return [replace(base, share=base.name, admin=reset), *variants]
 
 
 def load_configs(path: Path) -> list[Config]:

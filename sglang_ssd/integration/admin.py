@@ -19,13 +19,14 @@ import atexit
 import copy
 import logging
 import os
+import re
 import tempfile
 import threading
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from sglang_ssd.config import LIVE_FIELDS, SSDConfig, SSDConfigError
+from sglang_ssd.config import FLAGS, LIVE_FIELDS, SSDConfig, SSDConfigError
 from sglang_ssd.saguaro import Backup, FallbackPolicy
 from sglang_ssd.transport.admin_messages import (
     AdminReply,
@@ -273,12 +274,22 @@ def parse_changes(body: bytes) -> LiveSettings:
     try:
         changes = msgspec.json.decode(body, type=LiveSettings)
     except msgspec.ValidationError as exc:
-        raise AdminError(400, f"{exc} ({settable})") from None
+        raise AdminError(400, f"{exc}{_allowed_values(str(exc))} ({settable})") from None
     except msgspec.DecodeError as exc:
         raise AdminError(400, f"malformed JSON: {exc}") from None
     if not changes.given():
         raise AdminError(400, f"no settings to change ({settable})")
     return changes
+
+
+def _allowed_values(error: str) -> str:
+    """ ": --ssd-X must be one of a, b, c" when msgspec's `error` is about a setting with a
+    fixed set of values (msgspec names the path, `$.X`, not the values), else ""."""
+    found = re.search(r"at `\$\.(\w+)`", error)
+    flag = FLAGS.get(found.group(1)) if found else None
+    if flag is None or not flag.choices:
+        return ""
+    return f": {flag.option} must be one of {', '.join(flag.choices)}"
 
 
 def ask(address: str, request: AdminRequest, timeout_s: float = REPLY_TIMEOUT_S) -> AdminReply:

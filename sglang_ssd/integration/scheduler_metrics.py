@@ -80,6 +80,10 @@ class Window:
         }
 
     def log_suffix(self) -> str:
+        """The SSD part of the "Decode batch" line; a window without a speculative round says
+        so (its plain rounds) instead of printing zeros for figures nothing measured."""
+        if not self.rounds.rounds:
+            return f"ssd: no speculative round, plain rounds: {self.plain_rounds}"
         v = self.values()
         suffix = (
             f"ssd hit rate: {v['cache_hit_rate']:.2f}, "

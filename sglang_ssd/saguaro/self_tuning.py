@@ -185,11 +185,12 @@ class DepthTuner:
             self.depth = best
         return self.depth
 
-    def stats(self) -> dict[str, float]:
-        """`/ssd/stats` entries: the D in force, whether it is pinned, and the model's inputs."""
+    def stats(self) -> dict[str, float | int | bool]:
+        """`/ssd/stats` entries: the D in force, whether it is pinned, and the model's inputs
+        (α, seconds of one forward and of the fixed part of a round)."""
         return {
-            "tree_depth": float(self.depth),
-            "tree_depth_pinned": float(self.pinned is not None),
+            "tree_depth": self.depth,
+            "tree_depth_pinned": self.pinned is not None,
             "tuner_alpha": self.alpha,
             "tuner_t_forward_s": self.t_forward or 0.0,
             "tuner_t_fixed_s": self.t_fixed,

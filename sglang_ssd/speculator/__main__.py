@@ -121,11 +121,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.target_vocab_size:
             draft_vocab.limit_to_target(model, args.target_vocab_size)
     engine = SpeculatorEngine(model, config)
+    q_columns = engine.q_columns
     try:
         link = SpeculatorLink.connect(
             LinkAddress.from_json(args.address),
             args.connect_timeout,
             device=args.device if args.device != "cpu" else None,
+            q_columns=None if q_columns is None else q_columns.tolist(),
         )
     except TransportError as exc:  # e.g. a protocol version mismatch: nothing to serve
         logger.error("speculator: cannot link to the target: %s; exiting", exc)

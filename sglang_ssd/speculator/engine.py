@@ -142,6 +142,15 @@ class SpeculatorEngine:
         vocab = self.model.vocab
         return int(vocab.ids.max()) + 1 if vocab is not None else self.vocab_size
 
+    @property
+    def q_columns(self) -> torch.Tensor | None:
+        """int64 [W] on the CPU, ascending: the only ids where this engine's q rows can be
+        non-zero, the draft vocabulary in force (the runtime gives every other id logit -inf,
+        `DraftModel.use_vocab`); None: every id. The link sends q at this width (issue 31
+        item 8)."""
+        vocab = self.model.vocab
+        return None if vocab is None else vocab.ids
+
     def _new_generator(
         self, seed: int | None = None, device: torch.device | str | None = None
     ) -> torch.Generator:

@@ -59,6 +59,10 @@ class SpeculatorServer:
         # (serving the drafts), `send`, and `build` (pre-speculation after the Step). Totals
         # since start feed `stats`; each Step's own seconds feed its `SpeculatorTiming`.
         self.steps = PhaseTimer()
+        # The columns q is sent at (the draft vocabulary; the Hello announced them), where the
+        # draft's q rows are: q is built and sent on the model's device, never via the CPU.
+        cols = engine.q_columns
+        self._q_columns = None if cols is None else cols.to(engine.model.device)
 
     def run(self) -> None:
         """Loop until Shutdown, a lost parent, or a transport failure (which ends the process:
@@ -192,8 +196,12 @@ class SpeculatorServer:
     def _pack(
         self, step: Step, drafts: list[Draft | None], timing: SpeculatorTiming
     ) -> tuple[Drafts, torch.Tensor, torch.Tensor | None]:
-        """The Drafts message and its tensors (tokens [B, Dmax], q [n_q, Dmax, V])."""
+        """The Drafts message and its tensors: tokens int64 [B, Dmax] (CPU) and q float32
+        [n_q, Dmax, W] on the device the q rows were sampled on, W the draft vocabulary's ids
+        (`SpeculatorEngine.q_columns`; q is zero at every other id) or all V."""
         vocab = self.engine.vocab_size
+        cols = self._q_columns
+        width = vocab if cols is None else cols.numel()
         depth = max((len(d.tokens) for d in drafts if d is not None), default=0)
         tokens = torch.full((len(drafts), depth), -1, dtype=torch.int64)
         q_rows = []
@@ -207,8 +215,9 @@ class SpeculatorServer:
             tokens[i, : len(d.tokens)] = torch.tensor(d.tokens, dtype=torch.int64)
             has_q = d.q is not None
             if has_q:
-                row = torch.zeros(depth, vocab, dtype=torch.float32)
-                row[: d.q.shape[0]] = d.q
+                kept = d.q if cols is None else d.q.index_select(1, cols)
+                row = kept.new_zeros(depth, width)
+                row[: kept.shape[0]] = kept
                 q_rows.append(row)
             entries.append(DraftEntry(rid=rid, source=d.source, depth=len(d.tokens), has_q=has_q))
         q = torch.stack(q_rows) if q_rows else None
@@ -218,6 +227,7 @@ class SpeculatorServer:
             max_depth=depth,
             vocab_size=vocab,
             timing=timing,
+            q_columns=0 if cols is None else width,
         )
         return msg, tokens, q
 

@@ -134,13 +134,18 @@ class ControlEndpoint:
         )
 
     def handshake(
-        self, session: str, timeout_s: float, version: int = PROTOCOL_VERSION
+        self,
+        session: str,
+        timeout_s: float,
+        version: int = PROTOCOL_VERSION,
+        q_columns: list[int] | None = None,
     ) -> Hello | HelloAck:
         """Check that both ends speak the same protocol version for the same session.
 
         Speculator: sends `Hello` and waits for the `HelloAck`, returning it. Target: waits for
         the `Hello` (other messages are logged and skipped), answers it, returns the `Hello`.
-        ``version`` overrides the advertised version (tests).
+        ``version`` overrides the advertised version (tests); ``q_columns`` (speculator): the
+        draft vocabulary's ids its Hello announces (`Hello.q_columns`).
 
         Raises:
             TransportError: version, role or session mismatch; raised on both sides, and the
@@ -149,7 +154,13 @@ class ControlEndpoint:
         """
         deadline = time.monotonic() + timeout_s
         if self.side == "speculator":
-            hello = Hello(version=version, role="speculator", pid=os.getpid(), session=session)
+            hello = Hello(
+                version=version,
+                role="speculator",
+                pid=os.getpid(),
+                session=session,
+                q_columns=q_columns,
+            )
             self.send(hello, timeout_s)
             ack = self._wait_for(HelloAck, deadline)
             if not ack.accepted:

@@ -79,18 +79,20 @@ class LinkAddress(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class ReceivedDrafts(NamedTuple):
-    """A `Drafts` reply with its tensors: tokens int64 [B, Dmax] (-1 padded), q [Bq, Dmax, V]."""
+    """A `Drafts` reply with its tensors: tokens int64 [B, Dmax] (-1 padded), q [Bq, Dmax, W]
+    and the ids of q's W columns, int64 [W] on the CPU (None: W = V, every id in order)."""
 
     drafts: Drafts
     tokens: torch.Tensor
     q: torch.Tensor | None
+    columns: torch.Tensor | None = None
 
 
 def draft_specs(drafts: Drafts) -> list[TensorSpec]:
     """Shapes and dtypes of the tensors that follow ``drafts`` on the tensor link."""
     specs: list[TensorSpec] = [((len(drafts.entries), drafts.max_depth), torch.int64)]
     if drafts.n_q:
-        shape = (drafts.n_q, drafts.max_depth, drafts.vocab_size)
+        shape = (drafts.n_q, drafts.max_depth, drafts.q_width)
         specs.append((shape, getattr(torch, drafts.q_dtype)))
     return specs
 
@@ -141,6 +143,7 @@ class TargetLink:
         self._backend, self._device, self._tensor_timeout_s = backend, device, tensor_timeout_s
         self.address: LinkAddress | None = None
         self.hello: Hello | None = None  # the speculator's, after accept
+        self.q_columns: torch.Tensor | None = None  # its Hello.q_columns, int64 on the CPU
         self._control: ControlEndpoint | None = None
         self._store = None
         self._tensors: TensorLink | None = None
@@ -173,6 +176,8 @@ class TargetLink:
         if self._control is None or self.address is None:
             raise RuntimeError("call start() before accept()")
         self.hello = self._control.handshake(self.address.session, timeout_s)
+        cols = self.hello.q_columns
+        self.q_columns = None if cols is None else torch.tensor(cols, dtype=torch.int64)
         self._tensors = TensorLink(
             self._store,
             TARGET_RANK,
@@ -286,7 +291,8 @@ class TargetLink:
             if reason:
                 logger.warning("SSD target: discarded Drafts step %d: %s", msg.step_id, reason)
             else:
-                self._ready = ReceivedDrafts(msg, tokens, q)
+                columns = self.q_columns if msg.q_columns else None
+                self._ready = ReceivedDrafts(msg, tokens, q, columns)
         elif isinstance(msg, _REPLIES):
             self._replies.append(msg)
         else:
@@ -303,6 +309,9 @@ class TargetLink:
             return "duplicate reply"
         if [e.rid for e in drafts.entries] != self._step.requests:
             return "entries do not match the Step's requests"
+        announced = 0 if self.q_columns is None else self.q_columns.numel()
+        if drafts.q_columns and drafts.q_columns != announced:
+            return f"q has {drafts.q_columns} columns, the speculator's Hello announced {announced}"
         return ""
 
     def close(self) -> None:
@@ -342,8 +351,10 @@ class SpeculatorLink:
         *,
         device: torch.device | str | None = None,
         tensor_timeout_s: float = 30.0,
+        q_columns: list[int] | None = None,
     ) -> SpeculatorLink:
-        """Connect to the target at ``address`` (a LinkAddress or its JSON) and handshake.
+        """Connect to the target at ``address`` (a LinkAddress or its JSON) and handshake;
+        ``q_columns``: the draft vocabulary's ids, announced in the `Hello` (None: every id).
 
         Raises:
             TransportError: the target rejected the handshake, or the tensor group failed.
@@ -353,7 +364,7 @@ class SpeculatorLink:
             address = LinkAddress.from_json(address)
         control = ControlEndpoint.connect(address.control)
         try:
-            control.handshake(address.session, timeout_s)
+            control.handshake(address.session, timeout_s, q_columns=q_columns)
             tensors = TensorLink.connect(
                 address.store_host,
                 address.store_port,
@@ -402,7 +413,7 @@ class SpeculatorLink:
         """Send the reply to a received Step, then its tensors; returns the tensor seconds.
 
         ``tokens``: int64 [len(entries), max_depth], -1 after each row's depth; ``q``: the
-        chosen rows' q, `q_dtype` [n_q, max_depth, vocab_size], or None when no entry has_q.
+        chosen rows' q, `q_dtype` [n_q, max_depth, q_width], or None when no entry has_q.
         Blocks until the target has received the tensors (at most the tensor timeout).
 
         Raises:

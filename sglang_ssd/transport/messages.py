@@ -19,6 +19,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import inspect
+import itertools
 import json
 import sys
 from typing import Annotated, Any, Literal
@@ -57,7 +58,8 @@ from sglang_ssd.transport.wire import Message as _Message
 # 8: SSDConfig.draft_runtime (`--ssd-draft-runtime`), which AdminReply.config carries.
 # 9: SSDConfig.prefill_lend_tokens (`--ssd-prefill-lend-tokens`, a live setting).
 # 10: StatsReply.stats, a typed `SpeculatorStats` (was `counters`, a dict of named floats).
-PROTOCOL_VERSION = 10
+# 11: Hello.q_columns and Drafts.q_columns: q travels at the draft vocabulary's width.
+PROTOCOL_VERSION = 11
 
 Role = Literal["target", "speculator"]
 StepBackup = Literal[backup_names()]  # type: ignore[valid-type]  # `saguaro.draft_kinds`
@@ -83,13 +85,22 @@ class Hello(_Message, tag="hello", forbid_unknown_fields=False):
     """Speculator → target, first message: who is connecting.
 
     version: the speculator's `PROTOCOL_VERSION`; role: always "speculator" today; pid: its
-    process id; session: the token from the `LinkAddress` it was started with.
+    process id; session: the token from the `LinkAddress` it was started with; q_columns: the
+    ids of the draft vocabulary in force, ascending and distinct (None: every id), the only
+    columns where a q row can be non-zero, so `Drafts` with `q_columns` send q at that width
+    (issue 31 item 8: 65,558 of 151,936 ids for the 0.5B draft's default vocabulary).
     """
 
     version: Annotated[int, Meta(ge=0)]
     role: Role
     pid: Annotated[int, Meta(ge=0)]
     session: Rid
+    q_columns: Annotated[list[TokenId], Meta(min_length=1, max_length=MAX_VOCAB)] | None = None
+
+    def __post_init__(self) -> None:
+        cols = self.q_columns
+        if cols is not None and any(b <= a for a, b in itertools.pairwise(cols)):
+            raise ValueError("Hello.q_columns must be ascending and distinct")
 
 
 class HelloAck(_Message, tag="hello_ack", forbid_unknown_fields=False):
@@ -243,8 +254,9 @@ class Drafts(_Message, tag="drafts"):
     """Speculator → target: the drafts for Step ``step_id``, one entry per requested rid, in order.
 
     The tensors follow on the tensor link: tokens int64 [len(entries), max_depth] (-1 padded)
-    and, when any entry has_q, q of `q_dtype` [n_q, max_depth, vocab_size] for those rows in
-    entry order.
+    and, when any entry has_q, q of `q_dtype` [n_q, max_depth, q_width] for those rows in
+    entry order. q_columns: 0 when q holds every id (q_width = vocab_size), else the number
+    of columns sent, which are the ids of the speculator's `Hello.q_columns` in that order.
     """
 
     step_id: Id
@@ -253,12 +265,15 @@ class Drafts(_Message, tag="drafts"):
     vocab_size: Annotated[int, Meta(ge=1, le=MAX_VOCAB)]
     q_dtype: QDtype = "float32"
     timing: SpeculatorTiming = msgspec.field(default_factory=SpeculatorTiming)
+    q_columns: Annotated[int, Meta(ge=0, le=MAX_VOCAB)] = 0
 
     def __post_init__(self) -> None:
         unique("Drafts.entries", [e.rid for e in self.entries])
         for entry in self.entries:
             if entry.depth > self.max_depth:
                 raise ValueError(f"entry {entry.rid}: depth {entry.depth} > {self.max_depth}")
+        if self.q_columns > self.vocab_size:
+            raise ValueError(f"q_columns {self.q_columns} > vocab_size {self.vocab_size}")
         if self.tensor_bytes() > MAX_TENSOR_BYTES:
             raise ValueError(f"Drafts tensors exceed {MAX_TENSOR_BYTES} bytes")
 
@@ -267,10 +282,15 @@ class Drafts(_Message, tag="drafts"):
         """Rows that carry q."""
         return sum(entry.has_q for entry in self.entries)
 
+    @property
+    def q_width(self) -> int:
+        """Columns of the q tensor: `q_columns`, or `vocab_size` when that is 0."""
+        return self.q_columns or self.vocab_size
+
     def tensor_bytes(self) -> int:
         """Bytes of tokens + q this message announces."""
         q_item = 4 if self.q_dtype == "float32" else 2
-        q_bytes = self.n_q * self.max_depth * self.vocab_size * q_item
+        q_bytes = self.n_q * self.max_depth * self.q_width * q_item
         return len(self.entries) * self.max_depth * 8 + q_bytes
 
 

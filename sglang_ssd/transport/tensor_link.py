@@ -13,6 +13,7 @@ close the link and start a new one.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -202,6 +203,45 @@ def _make_group(
     opts = dist.ProcessGroupNCCL.Options()
     opts._timeout = timeout
     torch.cuda.set_device(device)
-    group = dist.ProcessGroupNCCL(store, rank, 2, opts)
+    group = nccl_group(store, rank, opts)
     group.eager_connect_single_device(device)  # build the communicator now, not mid-round
     return group
+
+
+# torch's NCCL error handling modes (`ErrorHandlingMode`, torch/csrc/distributed/c10d/
+# ProcessGroupNCCL.hpp): 2 aborts the failed work's communicators without taking the process
+# down; the default, 3 (SkipCleanUp), and 1 (TearDown) rethrow on the watchdog thread.
+NCCL_ERROR_HANDLING_ENV = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+NCCL_CLEAN_UP_ONLY = "2"
+
+
+def nccl_group(store: dist.Store, rank: int, opts: dist.ProcessGroupNCCL.Options):
+    """The link's two-rank `ProcessGroupNCCL`, built so that a failed or timed-out transfer is a
+    Python exception on the calling thread, never the end of the process (issue 31 item 7).
+
+    torch's NCCL watchdog thread (`Watchdog::runLoop` in ProcessGroupNCCL.cpp) checks every
+    posted work; on an error or a timeout it aborts the communicators when `SHOULD_CLEAN_UP`
+    and then calls `work.handleException(asyncErrorHandling_)`, which rethrows *on the
+    watchdog thread* when `SHOULD_TEAR_DOWN`: with torch's default mode (3, SkipCleanUp) an
+    unmatched p2p, e.g. a speculator killed between its Drafts and their tensors, would
+    terminate the scheduler. The mode is read once per process group, in the
+    `ProcessGroupNCCL` constructor (`getCvarInt(TORCH_NCCL_ASYNC_ERROR_HANDLING, 3)`), so this
+    group alone is built with CleanUpOnly (2): the watchdog aborts its communicator and
+    rethrows nothing, SGLang's own groups keep their mode, and `WorkNCCL::wait(timeout)`,
+    which `TensorLink._wait` always calls with the link's timeout, blocks the caller's thread
+    until the work completes or fails and raises there (`handleException` on the main
+    thread), which `_wait` turns into `TransportError` / `TransportTimeout`.
+
+    Args:
+        store: the link's prefixed store; rank: 0 (target) or 1 (speculator); opts: its
+            options (timeout set).
+    """
+    previous = os.environ.get(NCCL_ERROR_HANDLING_ENV)
+    os.environ[NCCL_ERROR_HANDLING_ENV] = NCCL_CLEAN_UP_ONLY
+    try:
+        return dist.ProcessGroupNCCL(store, rank, 2, opts)
+    finally:
+        if previous is None:
+            del os.environ[NCCL_ERROR_HANDLING_ENV]
+        else:
+            os.environ[NCCL_ERROR_HANDLING_ENV] = previous

@@ -61,42 +61,53 @@ def dense_q(
     has_q: torch.Tensor,
     vocab_size: int,
     device: torch.device | str,
+    columns: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The q of every row of a batch, as the target's verify takes it.
 
-    The speculator sends q only for the rows that carry one, at the draft's vocabulary width.
-    A narrower draft (e.g. Qwen2.5-0.5B's 151,936 ids for a 7B target's 152,064) is padded
-    with zeros: the draft never drafts those ids, so q is exactly zero there. A wider draft
-    never drafts the ids beyond the target's (`speculator.draft_vocab.limit` gives them logit
-    -inf before sampling), so the columns cut hold no mass; any that do are refused, since
-    verification with them cut would not be exact.
+    The speculator sends q only for the rows that carry one, and only at the columns of its
+    draft vocabulary (`columns`, from its `Hello`; q is zero at every other id, so the
+    scatter is exact), or at the draft's whole vocabulary width when `columns` is None. A
+    narrower draft (e.g. Qwen2.5-0.5B's 151,936 ids for a 7B target's 152,064) is padded
+    with zeros: the draft never drafts those ids. A wider draft never drafts the ids beyond
+    the target's (`speculator.draft_vocab.limit` gives them logit -inf before sampling), so
+    the columns cut hold no mass; any that do are refused, since verification with them cut
+    would not be exact.
 
     Args:
-        q: float [n_q, Dmax, V_draft], on any device.
+        q: float [n_q, Dmax, W], on any device; W = columns.numel(), or V_draft.
         has_q: bool [B] with n_q True rows (any device).
         vocab_size: V, the target's logit width.
         device: where the target verifies (the returned tensor's device).
+        columns: int64 [W], ascending distinct ids: column j of q is id columns[j]
+            (any device); None: column j is id j.
 
     Returns:
         q.dtype [B, Dmax, V] on `device`; rows without `has_q` are zeros.
 
     Raises:
-        ValueError: when `has_q` does not count q's rows, or q has mass on ids >= V.
+        ValueError: when `has_q` does not count q's rows, `columns` does not count q's
+            columns, or q has mass on ids >= V.
     """
     n_q, depth, width = q.shape
     carried = int(has_q.sum())
     if carried != n_q:
         raise ValueError(f"q has {n_q} rows but {carried} drafts carry one")
-    if width > vocab_size:
-        if bool((q[:, :, vocab_size:] != 0).any()):
+    device = torch.device(device)
+    if columns is None:
+        columns = torch.arange(width)
+    elif columns.shape != (width,):
+        raise ValueError(f"q has {width} columns but {columns.numel()} column ids came")
+    columns = columns.to(device=q.device, dtype=torch.int64)
+    inside = columns < vocab_size
+    if not bool(inside.all()):
+        if bool((q[:, :, ~inside] != 0).any()):
             raise ValueError(
                 f"the draft's q has mass on ids >= the target's vocabulary ({vocab_size})"
             )
-        q = q[:, :, :vocab_size]
-    device = torch.device(device)
-    q = q.to(device)
-    if width < vocab_size:
-        q = torch.nn.functional.pad(q, (0, vocab_size - width))
+        q, columns = q[:, :, inside], columns[inside]
     out = torch.zeros(has_q.shape[0], depth, vocab_size, dtype=q.dtype, device=device)
-    out[has_q.to(device=device, dtype=torch.bool)] = q
+    rows = torch.zeros(n_q, depth, vocab_size, dtype=q.dtype, device=device)
+    rows.index_copy_(2, columns.to(device), q.to(device))
+    out[has_q.to(device=device, dtype=torch.bool)] = rows
     return out

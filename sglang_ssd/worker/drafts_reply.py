@@ -29,7 +29,8 @@ def reply_batch(
 
     Args:
         reqs: the Step's requests (SGLang `Req`s).
-        got: the reply: its message, tokens int64 [B, Dmax] and q [B', Dmax, V'] or None.
+        got: the reply: its message, tokens int64 [B, Dmax], q [B', Dmax, W] or None and
+            the ids of q's W columns (None: every id).
         vocab_size: V, the target's logit width.
         target_device: where the target verifies (q goes there, tokens to the CPU).
         local: drafts for the rows the speculator had none for.
@@ -43,13 +44,13 @@ def reply_batch(
             tokens, a token outside V, a device surprise): the speculator's fault, not the
             scheduler's, so that it is restarted and this round served by `local` drafts.
     """
-    msg, tokens, q = got
+    msg, tokens, q, columns = got
     depth = torch.tensor([e.depth for e in msg.entries], dtype=torch.int64)
     has_q = torch.tensor([e.has_q for e in msg.entries], dtype=torch.bool)
     sources = [e.source for e in msg.entries]
     try:
         tokens = tokens.cpu()
-        dense = None if q is None else dense_q(q, has_q, vocab_size, target_device)
+        dense = None if q is None else dense_q(q, has_q, vocab_size, target_device, columns)
         if dense is not None and dense.shape[1] != tokens.shape[1]:
             raise ValueError(f"q depth {dense.shape[1]} != draft depth {tokens.shape[1]}")
         if tokens.numel() and int(tokens.max()) >= vocab_size:

@@ -256,12 +256,12 @@ class RoundPlanner:
         if "backup" in changes:
             self.policy.mode = Backup(changes["backup"]) if changes["backup"] != "auto" else "auto"
 
-    def stats(self) -> dict[str, float]:
+    def stats(self) -> dict[str, float | int | bool]:
         """For `/ssd/stats`' `speculator`: the tuner's figures, the D in force and the round
-        modes chosen (`RoundModePolicy.stats`)."""
+        modes chosen (`RoundModePolicy.stats`); counts are ints."""
         return {
             **self.tuner.stats(),
-            "tree_depth": float(self.tree_depth),
+            "tree_depth": self.tree_depth,
             **self.round_mode.stats(),
         }
 

@@ -252,13 +252,14 @@ class RoundModePolicy:
             raise ValueError(f"need batch_size >= 1 and mean_tokens >= 1, got {mean_tokens}")
         self._accept.setdefault(batch_size, Ema(self.ema_weight)).add(mean_tokens)
 
-    def stats(self) -> dict[str, float]:
-        """For `/ssd/stats`: rounds by mode, the mode in use (1 = plain) and the measured round
-        times at batch size 1 (seconds; 0 before a measurement)."""
+    def stats(self) -> dict[str, float | int]:
+        """For `/ssd/stats`: rounds by mode (counts), the mode in use (1 = plain, 0 =
+        speculative) and the measured round times at batch size 1 (seconds; 0 before a
+        measurement)."""
         return {
-            "plain_rounds": float(self.rounds[RoundMode.PLAIN]),
-            "speculative_rounds": float(self.rounds[RoundMode.SPECULATE]),
-            "plain_mode": float(self.plain_now),
+            "plain_rounds": self.rounds[RoundMode.PLAIN],
+            "speculative_rounds": self.rounds[RoundMode.SPECULATE],
+            "plain_mode": int(self.plain_now),
             "round_s_speculate_b1": self._time(RoundMode.SPECULATE, 1) or 0.0,
             "round_s_plain_b1": self._time(RoundMode.PLAIN, 1) or 0.0,
         }

@@ -83,3 +83,24 @@ def test_a_mixed_run_sends_each_request_with_its_own_settings(
     assert all(
         described[i]["sampling"]["max_new_tokens"] == s.max_new_tokens for i, s in sent.items()
     )
+
+
+def test_live_variants_share_the_ssd_server_and_reset_what_they_change() -> None:
+    """`python -m eval mixed --ssd-live NAME=JSON`: each variant runs on the SSD server itself
+    with its live settings, and the SSD configuration's own units put those settings back to
+    their defaults, so no unit inherits the previous unit's settings."""
+    base = configs.Config("SSD-1+1c", ("--ssd-mode", "async"), (0, 1))
+    assert configs.live_variants(base, []) == [base]
+    ssd, auto = configs.live_variants(base, ['SSD-auto={"plain_rounds": "auto"}'])
+    assert (ssd.name, ssd.server_name, dict(ssd.admin)) == (
+        "SSD-1+1c", "SSD-1+1c", {"plain_rounds": "never"}
+    )  # fmt: skip
+    assert (auto.name, auto.server_name, dict(auto.admin)) == (
+        "SSD-auto", "SSD-1+1c", {"plain_rounds": "auto"}
+    )  # fmt: skip
+    assert auto.args == base.args and auto.cpus == base.cpus
+    groups = harness.server_groups([configs.autoregressive("t", name="AR-2c"), ssd, auto])
+    assert list(groups) == ["AR-2c", "SSD-1+1c"] and groups["SSD-1+1c"] == [ssd, auto]
+    for bad in ("SSD-auto", '={"beta": 0.5}', "SSD-x=[1]", "SSD-x={}", 'SSD-x={"nope": 1}'):
+        with pytest.raises(ValueError):
+            configs.live_variants(base, [bad])

@@ -246,6 +246,8 @@ def test_admin_refuses_bad_changes(changes: Any) -> None:
         (b'{"beta": "x"}', "$.beta"),
         (b'{"fanout_budget": 2.5}', "$.fanout_budget"),
         (b'{"backup": "oracle"}', "$.backup"),
+        (b'{"plain_rounds": "sometimes"}', "--ssd-plain-rounds must be one of auto, never, always"),
+        (b'{"fanout": "zigzag"}', "--ssd-fanout must be one of geometric, uniform"),
         (b'{"tree_depth": -1}', "--ssd-tree-depth must be in 0..γ"),
         (b"{}", "no settings"),
         (b"[1]", "object"),
@@ -377,6 +379,8 @@ def test_decode_window_and_log_filter() -> None:
     other = logging.LogRecord("x", logging.INFO, "f", 1, "Prefill batch", (), None)
     line_filter.filter(other)
     assert other.msg == "Prefill batch"
+    plain = scheduler_metrics.Window(plain_rounds=40, tree_depth=4)  # every round plain
+    assert plain.log_suffix() == "ssd: no speculative round, plain rounds: 40"
 
 
 def test_hooks_leave_other_algorithms_alone() -> None:

@@ -98,10 +98,15 @@ def test_greedy_matches_autoregressive(servers, mode):
 
 def test_reduced_draft_vocabulary_is_in_use(servers, vocab_cache):
     """`--ssd-draft-vocab`: the speculator drafts from the kept ids only, and the target, which
-    often wants another id, still gets its exact output (the greedy test above)."""
+    often wants another id, still gets its exact output (the greedy test above). A sampled
+    request's q crosses at the kept ids' width and is scattered back (issue 31 item 8): every
+    round verifies it, without a fault or a restart."""
     kept = vocab_cache[1]
+    out = _generate(servers["sync-vocab"], "def f(x):", 24, temperature=0.8, ignore_eos=True)
+    assert out["meta_info"]["completion_tokens"] == 24 and out["meta_info"]["spec_verify_ct"] > 0
     stats = requests.get(f"{servers['sync-vocab'].url}/ssd/stats", timeout=60).json()
     assert stats["speculator"]["draft_vocab_size"] == kept
+    assert stats["faults"] == 0 and stats["restarts"] == 0, stats
     full = requests.get(f"{servers['ssd'].url}/ssd/stats", timeout=60).json()
     assert full["speculator"]["draft_vocab_size"] > kept
 

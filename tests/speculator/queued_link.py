@@ -20,6 +20,7 @@ class QueuedLink:
         self.engine = engine
         self.inbox = deque(messages)
         self.replies: list[tuple[Drafts, dict[str, int]]] = []
+        self.tensors: list[tuple[torch.Tensor, torch.Tensor | None]] = []  # (tokens, q) each
         self.sent: list = []
         self.last_features: torch.Tensor | None = None
 
@@ -39,4 +40,5 @@ class QueuedLink:
     def send_drafts(self, msg: Drafts, tokens: torch.Tensor, q: torch.Tensor | None) -> float:
         fed = {rid: s.num_fed for rid, s in self.engine.requests.items()}
         self.replies.append((msg, fed))
+        self.tensors.append((tokens, q))
         return 0.0

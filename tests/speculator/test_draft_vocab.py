@@ -4,6 +4,7 @@ outside them and sums to one on them, and the logits on kept ids are the full he
 
 from __future__ import annotations
 
+import os
 import subprocess
 
 import pytest
@@ -17,7 +18,11 @@ from sglang_ssd.speculator.draft_model import DraftModel
 from sglang_ssd.speculator.draft_vocab import DraftVocab
 from sglang_ssd.speculator.engine import OutcomeIn, SpeculatorEngine
 from sglang_ssd.speculator.packing import causal_segment, pack
+from sglang_ssd.speculator.server import SpeculatorServer
 from sglang_ssd.testing.corpus import tiny_corpus
+from sglang_ssd.transport import Open, Outcome, SamplingSpec, Step
+from sglang_ssd.worker.draft_batch import dense_q
+from tests.speculator.queued_link import QueuedLink
 
 PROMPT = [40, 71, 72, 73, 0, 5, 9, 71, 72, 33, 34]
 KEPT = 40  # of the tiny tokenizer's 96 tokens: the target often wants one the draft lacks
@@ -138,3 +143,27 @@ def test_drafts_candidates_and_cached_branches_stay_in_the_vocabulary(tiny_draft
             assert torch.allclose(probs.sum(-1), torch.ones(probs.shape[0]), atol=1e-5)
     engine.apply_outcomes([OutcomeIn("g", 0, int(vocab.ids[0])), OutcomeIn("s", 0, 5)])
     assert engine.stats().draft_vocab_size == vocab.size
+
+
+def test_the_server_sends_q_at_the_vocabularys_columns(tiny_draft) -> None:
+    """Issue 31 item 8: q leaves the speculator at the draft vocabulary's width (the ids its
+    Hello announces), sums to one there, and the target's scatter gives back the draft's own
+    q row over all V ids."""
+    vocab = _vocab(tiny_draft)
+    engine = _engine(tiny_draft, vocab, beta=0.5)
+    assert torch.equal(engine.q_columns, vocab.ids)
+    sampled = SamplingSpec(temperature=1.0, top_k=-1, top_p=1.0, seed=3)
+    step = Step(
+        step_id=1, outcomes=[Outcome(rid="s", accept_len=0, bonus=71)], requests=["s"], backup="jit"
+    )
+    link = QueuedLink(engine, [Open(rid="s", token_ids=PROMPT, sampling=sampled), step])
+    SpeculatorServer(link, engine, parent_pid=os.getppid()).run()
+    ((msg, _),) = link.replies
+    ((_, q),) = link.tensors
+    assert msg.entries[0].has_q and msg.q_columns == vocab.size
+    assert q is not None and q.shape == (1, msg.max_depth, vocab.size)
+    assert torch.allclose(q.sum(-1), torch.ones(1, msg.max_depth), atol=1e-5)
+    full = dense_q(q, torch.tensor([True]), vocab.vocab_size, "cpu", engine.q_columns)
+    draft = engine.requests["s"].draft
+    assert draft is not None and draft.q is not None
+    assert torch.equal(full[0, : draft.depth], draft.q)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 import threading
 from collections.abc import Callable
 
@@ -109,9 +111,10 @@ def test_rounds_replies_and_shutdown() -> None:
     target.send(m.Open(rid="a", token_ids=[1, 2], sampling=m.SamplingSpec(1.0, -1, 1.0)))
     for step_id in (1, 2, 5):
         target.send_step(m.Step(step_id=step_id, outcomes=[], requests=["a", "b"], backup="jit"))
-        drafts, tokens, q = target.recv_drafts(step_id, 5.0)
+        drafts, tokens, q, columns = target.recv_drafts(step_id, 5.0)
         want = make_drafts(step_id, ["a", "b"])
         assert drafts == want[0] and torch.equal(tokens, want[1]) and torch.equal(q, want[2])
+        assert columns is None and target.q_columns is None  # no Hello.q_columns: every id
     target.send_step(m.Step(step_id=6, outcomes=[], requests=[], backup="random"))
     empty = target.recv_drafts(6, 5.0)
     assert empty.tokens.shape == (0, 3) and empty.q is None
@@ -340,3 +343,83 @@ def test_step_features_follow_on_the_tensor_link() -> None:
     assert torch.equal(got[0], feats) and got[1] is None
     with pytest.raises(ValueError, match="feature_size"):
         m.Step(step_id=3, outcomes=[], requests=[], backup="jit", features=spans)
+
+
+def test_q_travels_at_the_columns_the_hello_announced() -> None:
+    """Issue 31 item 8: a speculator with a draft vocabulary announces its ids in `Hello`;
+    its q then crosses at that width and arrives with the ids of its columns. A reply whose
+    width disagrees with the Hello is discarded, not misread."""
+    cols = [0, 3, 4, 9]
+    target = TargetLink(tensor_timeout_s=10.0)
+    address = target.start()
+    thread, out = in_thread(lambda: SpeculatorLink.connect(address.to_json(), 5.0, q_columns=cols))
+    assert target.accept(5.0).q_columns == cols
+    spec = joined(thread, out)
+    try:
+        assert torch.equal(target.q_columns, torch.tensor(cols))
+        for step_id, width in ((1, len(cols)), (2, 3)):
+            target.send_step(m.Step(step_id=step_id, outcomes=[], requests=["a"], backup="jit"))
+            assert spec.recv(5.0).step_id == step_id
+            entry = m.DraftEntry(rid="a", source="cache", depth=2, has_q=True)
+            drafts = m.Drafts(
+                step_id=step_id, entries=[entry], max_depth=2, vocab_size=V, q_columns=width
+            )
+            q = torch.full((1, 2, width), 0.25)
+            send = functools.partial(spec.send_drafts, drafts, torch.tensor([[3, 9]]), q)
+            thread, out = in_thread(send)
+            got = target.recv_drafts(step_id, 5.0 if width == len(cols) else 0.3)
+            joined(thread, out)
+            if width == len(cols):
+                assert torch.equal(got.q, q) and torch.equal(got.columns, torch.tensor(cols))
+            else:
+                assert got is None  # 3 columns against the 4 announced: discarded
+    finally:
+        spec.close()
+        target.close()
+
+
+@pytest.mark.parametrize("before", [None, "3"])
+def test_the_nccl_group_alone_is_built_not_to_end_the_process(monkeypatch, before) -> None:
+    """Issue 31 item 7: torch reads TORCH_NCCL_ASYNC_ERROR_HANDLING in each ProcessGroupNCCL's
+    constructor; the link's group is built with CleanUpOnly (2), so its watchdog aborts the
+    communicator of a failed transfer instead of rethrowing on its own thread (which ends the
+    scheduler), and the variable is put back for every other group (SGLang's)."""
+    from sglang_ssd.transport import tensor_link
+
+    seen: list[str | None] = []
+
+    class Recorder:
+        def __init__(self, store, rank, size, opts) -> None:
+            seen.append(os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING"))
+
+    monkeypatch.setattr(dist, "ProcessGroupNCCL", Recorder, raising=False)  # CPU torch: none
+    if before is None:
+        monkeypatch.delenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", raising=False)
+    else:
+        monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", before)
+    group = tensor_link.nccl_group(None, 0, None)
+    assert isinstance(group, Recorder) and seen == ["2"]
+    assert os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING") == before
+
+
+def test_a_speculator_gone_between_drafts_and_tensors_is_a_transport_error() -> None:
+    """Issue 31 item 7, on the CPU's path: the Drafts message arrives, its tensors never do
+    (the speculator died in between). The target's receive fails as `TransportError` within
+    the tensor timeout, through the same `TensorLink._wait` the NCCL link uses, so the
+    supervisor restarts the speculator and the round is served by backup drafts."""
+    target = TargetLink(tensor_timeout_s=2.0)
+    address = target.start()
+    thread, out = in_thread(lambda: SpeculatorLink.connect(address.to_json(), 5.0))
+    target.accept(5.0)
+    spec = joined(thread, out)
+    try:
+        target.send_step(m.Step(step_id=1, outcomes=[], requests=["a"], backup="jit"))
+        assert spec.recv(5.0).step_id == 1
+        drafts, _, _ = make_drafts(1, ["a"])
+        spec._control.send(drafts)  # the message, then the process dies: no tensors follow
+        spec.tensors.close()
+        with pytest.raises(wire.TransportError, match="tensor link recv"):
+            target.recv_drafts(1, 5.0)
+    finally:
+        spec.close()
+        target.close()

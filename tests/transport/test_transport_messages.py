@@ -63,6 +63,12 @@ EXAMPLES: list[m.Message] = [
     m.Shutdown(),
     m.Error(reason="unknown request"),
 ]
+# Issue 31 item 8: q at the draft vocabulary's columns (appended: OUT_OF_RANGE indexes above).
+HELLO_COLUMNS = m.Hello(
+    version=m.PROTOCOL_VERSION, role="speculator", pid=1, session="s", q_columns=[0, 7, 151935]
+)
+DRAFTS_COLUMNS = msgspec.structs.replace(DRAFTS, q_columns=65558)
+EXAMPLES += [HELLO_COLUMNS, DRAFTS_COLUMNS]
 
 
 @pytest.mark.parametrize("msg", EXAMPLES, ids=lambda msg: type(msg).__name__)
@@ -78,6 +84,8 @@ def test_every_message_type_has_an_example() -> None:
 def test_drafts_counts_q_rows_and_bytes() -> None:
     assert DRAFTS.n_q == 1
     assert DRAFTS.tensor_bytes() == 3 * 4 * 8 + 1 * 4 * 151936 * 2
+    assert DRAFTS.q_width == 151936 and DRAFTS_COLUMNS.q_width == 65558
+    assert DRAFTS_COLUMNS.tensor_bytes() == 3 * 4 * 8 + 1 * 4 * 65558 * 2
 
 
 def _as_dict(msg: m.Message) -> dict:
@@ -129,6 +137,11 @@ OUT_OF_RANGE = [
     (EXAMPLES[0], ("role",), "client"),
     (EXAMPLES[5], ("extra",), 1),  # unknown field
     (EXAMPLES[5], ("type",), "steps"),  # unknown tag
+    (HELLO_COLUMNS, ("q_columns",), [0, 7, 7]),  # not distinct
+    (HELLO_COLUMNS, ("q_columns",), [7, 0]),  # not ascending
+    (HELLO_COLUMNS, ("q_columns",), []),
+    (HELLO_COLUMNS, ("q_columns",), [-1, 3]),
+    (DRAFTS_COLUMNS, ("q_columns",), 151937),  # more columns than ids
 ]
 
 

@@ -103,7 +103,7 @@ def test_two_process_rounds_with_full_vocabulary_q(children) -> None:
     for step_id in range(1, 6):
         requests = ["a", "b", "c", "d"] + (["ghost"] if step_id == 3 else [])
         target.send_step(m.Step(step_id=step_id, outcomes=[], requests=requests, backup="jit"))
-        drafts, tokens, q = target.recv_drafts(step_id, 20.0)
+        drafts, tokens, q, _ = target.recv_drafts(step_id, 20.0)
         recv_s.append(target.tensors.received.last_s)
         assert [e.source for e in drafts.entries][-1] == ("missing" if step_id == 3 else "cache")
         assert q.shape == (4, D, V) and q.dtype == torch.float32

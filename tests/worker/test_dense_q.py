@@ -104,3 +104,40 @@ def test_rows_the_speculator_could_not_draft_get_the_targets_own_drafts() -> Non
     assert batch.tokens.tolist()[0] == [1, 2, -1, -1]
     assert torch.equal(batch.tokens[1], expected.tokens[0])
     assert batch.depth.tolist() == [2, int(expected.depth[0])] and batch.q is None
+
+
+def test_q_sent_at_the_draft_vocabularys_columns_scatters_to_the_full_q() -> None:
+    """Issue 31 item 8: the speculator sends q only at its draft vocabulary's ids (zero
+    elsewhere); the target scatters it back, the same q as the full-width one."""
+    columns = torch.tensor([0, 2, 3, 6])
+    full = torch.zeros(2, 2, 8)
+    full[:, :, columns] = _q(4)
+    out = dense_q(full[:, :, columns], HAS_Q, 8, "cpu", columns)
+    assert torch.equal(out, dense_q(full, HAS_Q, 8, "cpu"))
+    assert torch.equal(out[2], full[1]) and bool((out[1] == 0).all())
+    with pytest.raises(ValueError, match="4 columns but 3 column ids"):
+        dense_q(full[:, :, columns], HAS_Q, 8, "cpu", columns[:3])
+
+
+def test_columns_beyond_the_targets_vocabulary_are_cut_when_empty_refused_with_mass() -> None:
+    columns = torch.tensor([1, 4, 6, 7])  # a draft vocabulary reaching past a 6-id target
+    q = torch.nn.functional.pad(_q(2), (0, 2))
+    out = dense_q(q, HAS_Q, 6, "cpu", columns)
+    assert out.shape == (3, 2, 6)
+    assert torch.equal(out[0][:, [1, 4]], q[0, :, :2]) and float(out[0].sum()) == pytest.approx(2)
+    q[0, 0, 3] = 1e-3
+    with pytest.raises(ValueError, match="mass on ids >= the target's vocabulary"):
+        dense_q(q, HAS_Q, 6, "cpu", columns)
+
+
+def test_the_client_scatters_q_at_the_columns_the_reply_names() -> None:
+    columns = torch.tensor([1, 3, 4, 7])
+    entries = [
+        DraftEntry(rid=f"r{i}", source="jit", depth=2, has_q=bool(h)) for i, h in enumerate(HAS_Q)
+    ]
+    msg = Drafts(step_id=1, entries=entries, max_depth=2, vocab_size=8, q_columns=4)
+    q = _q(4)
+    got = ReceivedDrafts(msg, torch.tensor([[1, 3], [4, 7], [3, 1]]), q, columns)
+    batch = _batch(got, 8, "cpu")
+    assert batch.q is not None and torch.equal(batch.q[2][:, columns], q[1])
+    assert float(batch.q[2].sum()) == pytest.approx(2.0)

@@ -140,11 +140,11 @@ def patched(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(supervisor_module, "ACCEPT_POLL_S", 0.2)
     handshake, step = ControlEndpoint.handshake, SpeculatorServer._step
 
-    def speculator_handshake(self, session, timeout_s, version=PROTOCOL_VERSION):
+    def speculator_handshake(self, session, timeout_s, version=PROTOCOL_VERSION, **kw):
         me = getattr(local, "speculator", None)
         if self.side == "speculator" and me is not None:
             version = me.version
-        return handshake(self, session, timeout_s, version)
+        return handshake(self, session, timeout_s, version, **kw)
 
     def hanging_step(self, msg):
         me = local.speculator

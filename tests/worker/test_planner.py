@@ -48,7 +48,10 @@ def test_the_round_mode_is_decided_once_per_round(setting: str, reqs: list, mode
     planner = RoundPlanner(SSDConfig(lookahead=GAMMA, plain_rounds=setting))
     assert planner.plan(reqs) == mode
     assert planner.plain_rounds == (mode == RoundMode.PLAIN)
-    assert planner.stats()["speculative_rounds"] == (mode == RoundMode.SPECULATE)
+    stats = planner.stats()
+    assert stats["speculative_rounds"] == (mode == RoundMode.SPECULATE)
+    counts = ("plain_rounds", "speculative_rounds", "plain_mode", "tree_depth")
+    assert all(type(stats[k]) is int for k in counts) and type(stats["tree_depth_pinned"]) is bool
 
 
 def test_the_step_carries_the_backup_and_depth_in_force() -> None:
