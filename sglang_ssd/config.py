@@ -347,8 +347,8 @@ class SSDConfig:
             "measured plain round beats the batch's accept length over the measured "
             "speculative round at its batch size (speculation re-probed now and then), and "
             "when no request has more than one token left (on the 2-core CPU: 0.95x AR at "
-            "batch 4 against 0.85x for never, 1.7% behind never at batch 1); never (default); "
-            "always.",
+            "batch 4 against 0.85x for never, 1.7% behind never at batch 1, 2% behind on "
+            "mixed traffic of 1-4 requests at once); never (default); always.",
             choices=PLAIN_ROUNDS,
             live=True,
         ),
