@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from eval.servers import Server
-from sglang_ssd.config import DEFAULT_LOOKAHEAD, SSDConfig
+from sglang_ssd.config import DEFAULT_LOOKAHEAD, LIVE_FIELDS, SSDConfig
 from sglang_ssd.launch_server import DEFAULT_ALGORITHM, flag_value
 
 DTYPE = "bfloat16"
@@ -255,7 +255,7 @@ def live_variants(base: Config, specs: Sequence[str]) -> list[Config]:
 
     Raises:
         ValueError: a spec without `NAME=`, settings that are not a non-empty JSON object, or
-            a setting `SSDConfig` does not have.
+            a setting that cannot change while serving (`config.LIVE_FIELDS`).
     """
     variants = []
     for spec in specs:
@@ -266,9 +266,9 @@ def live_variants(base: Config, specs: Sequence[str]) -> list[Config]:
             raise ValueError(f"{spec!r}: the settings are not JSON ({exc})") from None
         if not isinstance(settings, dict) or not settings:
             raise ValueError(f'{spec!r} is not NAME={{"setting": value, ...}}')
-        unknown = sorted(set(settings) - set(_SSD_DEFAULTS.__dataclass_fields__))
+        unknown = sorted(set(settings) - set(LIVE_FIELDS))
         if unknown:
-            raise ValueError(f"{spec!r}: SSDConfig has no setting {unknown}")
+            raise ValueError(f"{spec!r}: {unknown} cannot change live (live: {LIVE_FIELDS})")
         variants.append(replace(base, name=name, share=base.name, admin=settings))
     if not variants:
         return [base]

@@ -204,7 +204,8 @@ class SpeculatorServer:
         width = vocab if cols is None else cols.numel()
         depth = max((len(d.tokens) for d in drafts if d is not None), default=0)
         tokens = torch.full((len(drafts), depth), -1, dtype=torch.int64)
-        q_rows = []
+        with_q = [d.q for d in drafts if d is not None and d.q is not None]
+        q = with_q[0].new_zeros(len(with_q), depth, width) if with_q else None
         entries = []
         for i, (rid, d) in enumerate(zip(step.requests, drafts, strict=True)):
             if d is None:
@@ -213,14 +214,12 @@ class SpeculatorServer:
                 )
                 continue
             tokens[i, : len(d.tokens)] = torch.tensor(d.tokens, dtype=torch.int64)
-            has_q = d.q is not None
-            if has_q:
-                kept = d.q if cols is None else d.q.index_select(1, cols)
-                row = kept.new_zeros(depth, width)
-                row[: kept.shape[0]] = kept
-                q_rows.append(row)
-            entries.append(DraftEntry(rid=rid, source=d.source, depth=len(d.tokens), has_q=has_q))
-        q = torch.stack(q_rows) if q_rows else None
+            entries.append(
+                DraftEntry(rid=rid, source=d.source, depth=len(d.tokens), has_q=d.q is not None)
+            )
+        if q is not None:  # rows in entry order, each written once, at W columns
+            for row, full in zip(q, with_q, strict=True):
+                row[: full.shape[0]] = full if cols is None else full.index_select(1, cols)
         msg = Drafts(
             step_id=step.step_id,
             entries=entries,

@@ -98,16 +98,21 @@ def dense_q(
         columns = torch.arange(width)
     elif columns.shape != (width,):
         raise ValueError(f"q has {width} columns but {columns.numel()} column ids came")
-    columns = columns.to(device=q.device, dtype=torch.int64)
+    columns = columns.cpu().to(torch.int64)  # checked on the host: no device sync for it
     inside = columns < vocab_size
     if not bool(inside.all()):
-        if bool((q[:, :, ~inside] != 0).any()):
+        if bool((q[:, :, inside.logical_not().to(q.device)] != 0).any()):
             raise ValueError(
                 f"the draft's q has mass on ids >= the target's vocabulary ({vocab_size})"
             )
-        q, columns = q[:, :, inside], columns[inside]
+        q, columns = q[:, :, inside.to(q.device)], columns[inside]
+    # One [B, Dmax, V] tensor: q's rows, depths and columns put straight into it.
+    rows = has_q.cpu().nonzero().squeeze(1)
     out = torch.zeros(has_q.shape[0], depth, vocab_size, dtype=q.dtype, device=device)
-    rows = torch.zeros(n_q, depth, vocab_size, dtype=q.dtype, device=device)
-    rows.index_copy_(2, columns.to(device), q.to(device))
-    out[has_q.to(device=device, dtype=torch.bool)] = rows
+    index = (
+        rows.to(device)[:, None, None],
+        torch.arange(depth, device=device)[:, None],
+        columns.to(device),
+    )
+    out.index_put_(index, q.to(device))
     return out

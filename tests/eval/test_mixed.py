@@ -101,6 +101,7 @@ def test_live_variants_share_the_ssd_server_and_reset_what_they_change() -> None
     assert auto.args == base.args and auto.cpus == base.cpus
     groups = harness.server_groups([configs.autoregressive("t", name="AR-2c"), ssd, auto])
     assert list(groups) == ["AR-2c", "SSD-1+1c"] and groups["SSD-1+1c"] == [ssd, auto]
-    for bad in ("SSD-auto", '={"beta": 0.5}', "SSD-x=[1]", "SSD-x={}", 'SSD-x={"nope": 1}'):
+    bad_specs = ("SSD-auto", '={"beta": 0.5}', "SSD-x=[1]", "SSD-x={}", 'SSD-x={"nope": 1}')
+    for bad in (*bad_specs, 'SSD-x={"mode": "sync"}'):  # not a live setting
         with pytest.raises(ValueError):
             configs.live_variants(base, [bad])
