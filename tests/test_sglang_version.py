@@ -26,6 +26,8 @@ def test_another_release_is_refused_naming_both(installed: str | None) -> None:
     reason = sglang_version_refusal(installed)
     assert reason is not None and f"SGLang {SUPPORTED_SGLANG}" in reason
     assert (f"SGLang {installed}" if installed else "no SGLang") in reason
+    # The hint is CUDA's recipe (with SGLang's pinned CUDA stack), not the CPU's --no-deps one.
+    assert f"pip install sglang=={SUPPORTED_SGLANG}`" in reason and "docs/cuda.md" in reason
 
 
 def test_an_ssd_server_on_another_release_refuses_to_start(

@@ -18,8 +18,10 @@ Layout (FlashInfer's `BatchPrefillWithPagedKVCacheWrapper` with `page_size=1` an
 `plan_branch_attention` does the host-side work once (it reads the index pointers, builds gather
 indices and padded masks) and the returned plan's `run` is called once per layer: the draft model
 plans once per forward and reuses the plan across all its layers. `branch_attention` is plan + run.
-`dense_reference` is the slow, obviously-correct float64 reference the tests compare against, and
-`branch_attention_flashinfer` runs FlashInfer's kernel (CUDA only, imported lazily).
+On a CUDA device with flashinfer installed the plan is FlashInfer's paged prefill
+(`flashinfer_branch`); elsewhere torch's SDPA, on CUDA always in one padded call (no Python loop
+over requests). `dense_reference` is the slow, obviously-correct float64 reference the tests
+compare against; `branch_attention_flashinfer` forces FlashInfer (CUDA only, imported lazily).
 
 This module imports with torch alone.
 """
@@ -33,13 +35,22 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
+from sglang_ssd_kernels.flashinfer_branch import (
+    FlashInferBranchPlan,
+    flashinfer_available,
+    flashinfer_supports_layout,
+    plan_flashinfer_branch,
+)
+
 Strategy = Literal["auto", "padded", "segments"]
+Backend = Literal["auto", "flashinfer", "sdpa"]
 
 __all__ = [
     "BranchAttentionPlan",
     "branch_attention",
     "branch_attention_flashinfer",
     "causal_custom_mask",
+    "check_run_inputs",
     "dense_mask_from_layout",
     "dense_reference",
     "plan_branch_attention",
@@ -98,7 +109,7 @@ class BranchAttentionPlan:
         Raises:
             ValueError: on shape, dtype or device mismatches, or a slot index >= S.
         """
-        _check_run_inputs(self, q, k_cache, v_cache)
+        check_run_inputs(self.num_queries, self.max_slot, q, k_cache, v_cache)
         if self.strategy == "padded":
             out = self._run_padded(q, k_cache, v_cache, sm_scale)
         else:
@@ -182,7 +193,8 @@ def plan_branch_attention(
     custom_mask: torch.Tensor | None,
     device: torch.device | str | None = None,
     strategy: Strategy = "auto",
-) -> BranchAttentionPlan:
+    backend: Backend = "auto",
+) -> BranchAttentionPlan | FlashInferBranchPlan:
     """Validate a layout and precompute everything `run` needs (host work, once per forward).
 
     Args:
@@ -194,14 +206,19 @@ def plan_branch_attention(
             (full visibility).
         device: where the plan's index/mask tensors live (the KV cache's device); default
             kv_indices' device.
-        strategy: "padded", "segments" or "auto" (padded unless padding would more than double
-            the attention area of several uneven segments).
+        strategy: SDPA's execution: "padded", "segments" or "auto" (on CUDA always padded, one
+            SDPA call for the whole batch; on the CPU padded unless padding would more than
+            double the attention area of several uneven segments).
+        backend: "flashinfer" (FlashInfer's paged prefill, `flashinfer_branch`), "sdpa" (torch's
+            scaled_dot_product_attention) or "auto": FlashInfer on a CUDA device where the
+            flashinfer package imports and every segment with queries has a slot, else SDPA.
 
     Returns:
-        A `BranchAttentionPlan`.
+        A `BranchAttentionPlan` (SDPA) or a `FlashInferBranchPlan`; both have `run`.
 
     Raises:
-        ValueError: on malformed index pointers, negative slots or a mask of the wrong size/dtype.
+        ValueError: on malformed index pointers, negative slots, a mask of the wrong size/dtype,
+            an unknown backend, or "flashinfer" for a segment with queries and no slot.
     """
     qo_ptr, kv_ptr = _check_layout(qo_indptr, kv_indptr, kv_indices, custom_mask)
     device = torch.device(device) if device is not None else kv_indices.device
@@ -215,7 +232,18 @@ def plan_branch_attention(
     empty = (visible == 0).nonzero().squeeze(1)
     empty_rows = empty if empty.numel() > 0 else None
 
-    strategy = _choose_strategy(strategy, qo_lens, kv_lens)
+    if _choose_backend(backend, device, qo_lens, kv_lens) == "flashinfer":
+        return plan_flashinfer_branch(
+            qo_ptr,
+            kv_ptr,
+            slots,
+            mask,
+            empty_rows,
+            sdpa=lambda: plan_branch_attention(
+                qo_indptr, kv_indptr, kv_indices, custom_mask, device, "padded", "sdpa"
+            ),
+        )
+    strategy = _choose_strategy(strategy, qo_lens, kv_lens, device)
     plan = BranchAttentionPlan(
         num_queries=num_queries, strategy=strategy, max_slot=max_slot, empty_rows=empty_rows
     )
@@ -228,8 +256,28 @@ def plan_branch_attention(
     return plan
 
 
-def _choose_strategy(strategy: Strategy, qo_lens: list[int], kv_lens: list[int]) -> str:
-    """Resolve "auto": padded unless padding would more than double the attention area."""
+def _choose_backend(
+    backend: Backend, device: torch.device, qo_lens: list[int], kv_lens: list[int]
+) -> str:
+    """Resolve "auto" (FlashInfer on CUDA where it imports and takes the layout) and check."""
+    if backend not in ("auto", "flashinfer", "sdpa"):
+        raise ValueError(f"unknown backend {backend!r}; expected 'auto', 'flashinfer' or 'sdpa'")
+    fits = flashinfer_supports_layout(qo_lens, kv_lens)
+    if backend == "flashinfer" and not fits:
+        raise ValueError("FlashInfer needs every segment with query rows to have a slot")
+    if backend == "auto":
+        on_cuda = device.type == "cuda" and flashinfer_available()
+        return "flashinfer" if on_cuda and fits else "sdpa"
+    return backend
+
+
+def _choose_strategy(
+    strategy: Strategy, qo_lens: list[int], kv_lens: list[int], device: torch.device
+) -> str:
+    """Resolve "auto": on CUDA padded (one kernel launch set, no per-segment Python loop); on
+    the CPU padded unless padding would more than double the attention area."""
+    if strategy == "auto" and device.type == "cuda":
+        strategy = "padded"
     if strategy == "auto":
         num_segments = len(qo_lens)
         area = sum(qo * kv for qo, kv in zip(qo_lens, kv_lens, strict=True))
@@ -312,6 +360,7 @@ def branch_attention(
     custom_mask: torch.Tensor | None,
     sm_scale: float,
     strategy: Strategy = "auto",
+    backend: Backend = "auto",
 ) -> torch.Tensor:
     """Batched masked attention over a slot-paged KV cache (plan + run; see the module docstring).
 
@@ -324,7 +373,7 @@ def branch_attention(
         kv_indices: int32/int64 [total_kv], slots in [0, S).
         custom_mask: bool [sum_r qo_len_r * kv_len_r] or None (full visibility).
         sm_scale: softmax scale.
-        strategy: see `plan_branch_attention`.
+        strategy, backend: see `plan_branch_attention`.
 
     Returns:
         float [N, H, dv] in q's dtype; rows that see no slot are zero.
@@ -333,7 +382,7 @@ def branch_attention(
         ValueError: on a malformed layout or inconsistent shapes/dtypes/devices.
     """
     plan = plan_branch_attention(
-        qo_indptr, kv_indptr, kv_indices, custom_mask, device=q.device, strategy=strategy
+        qo_indptr, kv_indptr, kv_indices, custom_mask, q.device, strategy, backend
     )
     return plan.run(q, k_cache, v_cache, sm_scale)
 
@@ -434,9 +483,6 @@ def dense_reference(
     return torch.einsum("hns,shd->nhd", weights, v).to(q.dtype)
 
 
-_FLASHINFER_WORKSPACES: dict[torch.device, torch.Tensor] = {}
-
-
 def branch_attention_flashinfer(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -449,49 +495,22 @@ def branch_attention_flashinfer(
 ) -> torch.Tensor:
     """The same attention through FlashInfer's `BatchPrefillWithPagedKVCacheWrapper`.
 
-    page_size = 1, NHD layout (the cache viewed as [S, 1, Hkv, d] pages), `custom_mask` passed
-    to `plan` unchanged. FlashInfer's own limits apply: CUDA, fp16/bf16, head_dim in
-    {64, 128, 256}, every segment with kv_len >= 1.
+    `plan_branch_attention(..., backend="flashinfer")` and its `run`: page_size = 1, NHD layout
+    (the cache viewed as [S, 1, Hkv, d] pages), `custom_mask` passed to FlashInfer's `plan`.
+    FlashInfer's own limits apply: CUDA, fp16/bf16, head_dim in {64, 128, 256} (outside the
+    last two the padded SDPA plan runs instead), every segment with queries has kv_len >= 1.
 
     Returns:
         [N, H, dv] in q's dtype.
 
     Raises:
         RuntimeError: if flashinfer cannot be imported or the tensors are not on CUDA.
+        ValueError: on a malformed layout (see `plan_branch_attention`).
     """
-    try:
-        import flashinfer
-    except ImportError as error:  # pragma: no cover - depends on the machine
-        raise RuntimeError("branch_attention_flashinfer needs the flashinfer package") from error
-    if q.device.type != "cuda":
-        raise RuntimeError(f"branch_attention_flashinfer needs CUDA tensors, got {q.device}")
-    device = q.device
-    workspace = _FLASHINFER_WORKSPACES.get(device)
-    if workspace is None:
-        workspace = torch.empty(128 * 1024 * 1024, dtype=torch.uint8, device=device)
-        _FLASHINFER_WORKSPACES[device] = workspace
-    wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
-    num_segments = qo_indptr.numel() - 1
-    heads, head_dim = q.shape[1], q.shape[2]
-    kv_heads, dv = k_cache.shape[1], v_cache.shape[2]
-    extra = {} if dv == head_dim else {"head_dim_vo": dv}
-    wrapper.plan(
-        qo_indptr.to(device=device, dtype=torch.int32),
-        kv_indptr.to(device=device, dtype=torch.int32),
-        kv_indices.to(device=device, dtype=torch.int32),
-        torch.ones(num_segments, dtype=torch.int32, device=device),  # last_page_len, page_size 1
-        heads,
-        kv_heads,
-        head_dim,
-        1,
-        custom_mask=None if custom_mask is None else custom_mask.to(device),
-        causal=False,
-        sm_scale=sm_scale,
-        q_data_type=q.dtype,
-        kv_data_type=k_cache.dtype,
-        **extra,
+    plan = plan_branch_attention(
+        qo_indptr, kv_indptr, kv_indices, custom_mask, device=q.device, backend="flashinfer"
     )
-    return wrapper.run(q.contiguous(), (k_cache.unsqueeze(1), v_cache.unsqueeze(1)))
+    return plan.run(q, k_cache, v_cache, sm_scale)
 
 
 def _check_layout(
@@ -553,13 +572,19 @@ def _visible_counts(
     return torch.zeros_like(per_row).index_add_(0, row_ids, mask.to(torch.int64))
 
 
-def _check_run_inputs(
-    plan: BranchAttentionPlan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
+def check_run_inputs(
+    num_queries: int,
+    max_slot: int,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
 ) -> None:
+    """Raise ValueError unless q [N, H, d], k_cache [S, Hkv, d] and v_cache [S, Hkv, dv] fit a
+    plan of `num_queries` rows whose largest slot is `max_slot` (same dtype and device)."""
     if q.dim() != 3 or k_cache.dim() != 3 or v_cache.dim() != 3:
         raise ValueError("q, k_cache and v_cache must be 3-D: [N, H, d], [S, Hkv, d], [S, Hkv, dv]")
-    if q.shape[0] != plan.num_queries:
-        raise ValueError(f"q has {q.shape[0]} rows but the layout describes {plan.num_queries}")
+    if q.shape[0] != num_queries:
+        raise ValueError(f"q has {q.shape[0]} rows but the layout describes {num_queries}")
     if k_cache.shape[:2] != v_cache.shape[:2] or k_cache.shape[2] != q.shape[2]:
         raise ValueError(f"cache shapes {tuple(k_cache.shape)} / {tuple(v_cache.shape)} vs q")
     if q.shape[1] % k_cache.shape[1] != 0:
@@ -568,5 +593,5 @@ def _check_run_inputs(
         raise ValueError(f"dtype mismatch: q {q.dtype}, k {k_cache.dtype}, v {v_cache.dtype}")
     if q.device != k_cache.device or q.device != v_cache.device:
         raise ValueError(f"device mismatch: q {q.device}, cache {k_cache.device}")
-    if plan.max_slot >= k_cache.shape[0]:
-        raise ValueError(f"slot {plan.max_slot} out of range for a cache of {k_cache.shape[0]}")
+    if max_slot >= k_cache.shape[0]:
+        raise ValueError(f"slot {max_slot} out of range for a cache of {k_cache.shape[0]}")

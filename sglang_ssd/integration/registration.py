@@ -104,14 +104,14 @@ def handle_ssd_server_args(server_args: ServerArgs) -> None:
 def disable_verify_cuda_graphs(server_args: ServerArgs) -> None:
     """Turn off SGLang's decode-phase CUDA graphs for SSD on a GPU (logged).
 
-    SSD presents itself like NGRAM, so SGLang's `DecodeCudaGraphRunner` would capture
-    TARGET_VERIFY graphs at the static width `speculative_num_draft_tokens` (γ + 1) with a
-    custom-mask buffer sized for it. SSD's rounds verify another width each round (D + 1 for a
-    self-tuned tree depth D <= γ, 1 in a plain round), and its verify input builds the chain mask
-    at that round's exact size (`worker.verify_input`): a replay would attend over rows and mask
-    cells the round never filled. Capturing one graph per width would multiply the runner's
-    graph and mask-buffer memory by γ + 1 (a FULL-layout mask buffer alone is W × (context + W)
-    cells per request). So SSD's verify forwards run eagerly (issue 31, item 1).
+    SSD answers `is_ngram()`, so SGLang's `DecodeCudaGraphRunner` would capture TARGET_VERIFY
+    graphs with an `NgramVerifyInput` whose `capture_hidden_mode` is NULL (SGLang 0.5.23
+    `model_executor/runner/decode_cuda_graph_runner.py:2134-2146`): a replayed verify returns no
+    hidden states, which an EAGLE-3 head speculator needs every round. For LM drafts the width
+    (γ + 1 on CUDA) and the mask buffer refilled per round would fit the runner, but a replay of
+    SSD's verify input has never run on a GPU, and a wrong replay is a wrong token. So SSD's
+    verify forwards run eagerly until a GPU run times both and checks greedy equality under
+    replay; what eager costs on paper is in docs/cuda.md (issue 31, item 1).
 
     This runs in `handle_speculative_decoding`, after SGLang parsed `cuda_graph_config`, so
     it rewrites that resolved config's decode phase (writes through SGLang's plugin recorder

@@ -32,7 +32,9 @@ def sglang_version_refusal(installed: str | None) -> str | None:
     found = f"SGLang {installed}" if installed else "no SGLang"
     return (
         f"sglang-ssd supports SGLang {SUPPORTED_SGLANG} only; this environment has {found} "
-        f"(pip install --no-deps sglang=={SUPPORTED_SGLANG}, README: Install)"
+        f"(`make install`; in an existing CUDA environment `pip install sglang=={SUPPORTED_SGLANG}`"
+        f", which brings its CUDA stack, then `pip install --no-deps -e . -e kernels`: "
+        f"docs/cuda.md)"
     )
 
 

@@ -45,12 +45,21 @@ __all__ = sorted(_HOMES)
 
 
 def __getattr__(name: str) -> Any:
-    """The public `name`, imported from its submodule on first use."""
+    """The public `name`, imported from its submodule on first use.
+
+    Importing a submodule binds its name in this package (Python's import system), which would
+    shadow a public name spelled like it: `verify` the function lives in `verify` the module. So
+    after each import such a name is bound to the function again; without that, `from
+    sglang_ssd.saguaro import VerifyResult, verify` gave the module.
+    """
     if name not in _HOMES:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{_HOMES[name]}", __name__), name)
-    globals()[name] = value
-    return value
+    home = _HOMES[name]
+    module = importlib.import_module(f".{home}", __name__)
+    globals()[name] = getattr(module, name)
+    if _HOMES.get(home) == home:  # the submodule's own name is one of its public names
+        globals()[home] = getattr(module, home)
+    return globals()[name]
 
 
 def __dir__() -> list[str]:

@@ -69,7 +69,9 @@ def _max_error(case: Layout, strategy: str, device: torch.device) -> float:
     """Largest |branch_attention - float64 reference| over the output, run on `device`."""
     q, k, v, qo, kv, idx, mask, _ = case
     on_device = (t.to(device) for t in (q, k, v, qo, kv, idx, mask))
-    out = module.branch_attention(*on_device, q.shape[-1] ** -0.5, strategy=strategy)
+    out = module.branch_attention(
+        *on_device, q.shape[-1] ** -0.5, strategy=strategy, backend="sdpa"
+    )
     return (out.cpu().double() - _reference(case)).abs().max().item()
 
 
@@ -113,3 +115,72 @@ def _tree_layout(seed: int, heads: int, kv_heads: int, head_dim: int, dtype: tor
     kv_indptr = torch.tensor(kv, dtype=torch.int32)
     kv_indices = torch.cat(indices).to(torch.int32)
     return q, k, v, qo_indptr, kv_indptr, kv_indices, torch.cat(masks), num_slots
+
+
+@pytest.mark.parametrize(("seed", "heads"), CONFIGS)
+def test_auto_on_cuda_plans_flashinfer_once_for_every_layer(
+    cuda: torch.device, seed: int, heads: tuple[int, int, int], record_property
+) -> None:
+    """Issue 31 item 10: on CUDA with flashinfer, `plan_branch_attention` is FlashInfer's paged
+    prefill, planned at the first layer and reused by the others (as the draft model calls it)."""
+    pytest.importorskip("flashinfer")
+    from sglang_ssd_kernels.flashinfer_branch import FlashInferBranchPlan
+
+    case = _tree_layout(seed, *heads, torch.bfloat16)
+    q, k, v, qo, kv, idx, mask, _ = (t.to(cuda) if isinstance(t, torch.Tensor) else t for t in case)
+    plan = module.plan_branch_attention(qo, kv, idx, mask, device=cuda)
+    assert isinstance(plan, FlashInferBranchPlan)
+    for _ in range(3):
+        out = plan.run(q, k, v, heads[2] ** -0.5)
+    assert plan.plans == 1, f"planned {plan.plans} times for 3 layers"
+    err = (out.cpu().double() - _reference(case)).abs().max().item()
+    assert err <= 3e-2, f"FlashInfer plan H={heads[0]}: max error {err:.2e}"
+    record_property("detail", f"one plan, 3 runs: max error {err:.1e}")
+
+
+def test_draft_model_attends_through_flashinfer(
+    cuda: torch.device, tmp_path, monkeypatch: pytest.MonkeyPatch, record_property
+) -> None:
+    """A bf16 draft (head dim 64) on CUDA: each forward plans FlashInfer once, and its logits
+    equal the same forward through SDPA within bf16 rounding."""
+    pytest.importorskip("flashinfer")
+    from sglang_ssd_kernels import flashinfer_branch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from sglang_ssd.speculator import draft_model as dm
+
+    config = Qwen2Config(vocab_size=512, hidden_size=256, intermediate_size=512,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=256, tie_word_embeddings=True)  # fmt: skip
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(config).save_pretrained(tmp_path)
+    model = dm.DraftModel.load(tmp_path, device=cuda, dtype=torch.bfloat16, num_slots=256)
+    plans: list = []
+    real_plan = dm.plan_branch_attention
+
+    def recorded(*args, **kwargs):  # the real planner; records what it returned
+        plans.append(real_plan(*args, **kwargs))
+        return plans[-1]
+
+    monkeypatch.setattr(dm, "plan_branch_attention", recorded)
+
+    def logits() -> torch.Tensor:
+        n = 24
+        slots = model.kv_pool.alloc(n)
+        layout = dm.AttentionLayout(
+            torch.tensor([0, n], dtype=torch.int32), torch.tensor([0, n], dtype=torch.int32),
+            slots.to(torch.int32), module.causal_custom_mask([n], [n]),
+        )  # fmt: skip
+        ids = torch.arange(3, 3 + n) % 512
+        out = model.forward(ids, torch.arange(n), slots, layout)
+        model.kv_pool.free(slots)
+        return out
+
+    through_flashinfer = logits()
+    monkeypatch.setattr(module, "flashinfer_available", lambda: False)
+    through_sdpa = logits()
+    assert isinstance(plans[0], flashinfer_branch.FlashInferBranchPlan) and plans[0].plans == 1
+    assert isinstance(plans[1], module.BranchAttentionPlan)
+    err = (through_flashinfer - through_sdpa).abs().max().item()
+    assert err <= 0.1, f"FlashInfer vs SDPA logits: max error {err:.2e}"
+    record_property("detail", f"bf16 draft: FlashInfer vs SDPA logits max error {err:.1e}")
