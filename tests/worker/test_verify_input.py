@@ -119,3 +119,120 @@ def test_flashinfer_verify_arguments_equal_ngrams(
     with pytest.raises(AttributeError):
         arguments(SSDVerifyInput(custom_mask=None, **common))
     assert ssd.tree_topk == 1 and ssd.max_tree_depth == width
+
+
+def _verify_inputs(width: int) -> tuple:
+    """SSD's and NGRAM's verify inputs of the same chain of `width` over `LENGTHS`."""
+    from sglang.srt.speculative.ngram_info import NgramVerifyInput
+
+    lengths, n = torch.tensor(LENGTHS), width * len(LENGTHS)
+    common = dict(
+        draft_token=torch.zeros(n, dtype=torch.int64),
+        positions=torch.zeros(n, dtype=torch.int64),
+        draft_token_num=width,
+        new_seq_lens=lengths,
+    )
+    chain = torch.tril(torch.ones(width, width)).expand(len(LENGTHS), width, width)
+    ssd = SSDVerifyInput(custom_mask=chain_mask(lengths, lengths, width), **common)
+    return ssd, NgramVerifyInput(custom_mask=ngram_full_mask(LENGTHS, chain), **common)
+
+
+def _backend(cls: type, width: int, **attrs: object) -> object:
+    """An SGLang attention backend of `cls` with only the attributes its TARGET_VERIFY metadata
+    path reads (no model runner): a server at γ + 1 = `width`, page size 1, four pool rows."""
+    from types import SimpleNamespace
+
+    backend = object.__new__(cls)
+    req_to_token = torch.arange(4 * 32, dtype=torch.int32).view(4, 32)
+    fields = dict(
+        topk=1, speculative_num_draft_tokens=width, max_context_len=32, page_size=1,
+        device="cpu", req_to_token=req_to_token, local_attn_builder=None,
+        req_to_token_pool=SimpleNamespace(req_to_token=req_to_token), _kv_shard_pool=None,
+        use_sliding_window_kv_pool=False, kv_index_translator=SimpleNamespace(is_translating=False),
+    )  # fmt: skip
+    for name, value in {**fields, **attrs}.items():
+        setattr(backend, name, value)
+    return backend
+
+
+def _verify_batch(spec: object) -> object:
+    from types import SimpleNamespace
+
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    lengths = torch.tensor(LENGTHS)
+    return SimpleNamespace(
+        seq_lens=lengths, seq_lens_cpu=lengths, seq_lens_sum=int(lengths.sum()),
+        batch_size=len(LENGTHS), forward_mode=ForwardMode.TARGET_VERIFY, spec_info=spec,
+        req_pool_indices=torch.tensor([2, 0, 3]), encoder_lens=None,
+    )  # fmt: skip
+
+
+def test_fa3_verify_metadata_spans_ssds_rows_as_ngrams(sglang_world: None) -> None:
+    """FA3 (and FA4, the same class) builds TARGET_VERIFY metadata from the static width γ + 1
+    (`FlashAttentionBackend.init_forward_metadata`, layers/attention/flashattention_backend.py
+    in SGLang 0.5.23), run here on CPU tensors: for SSD's input it equals NGRAM's and spans
+    exactly the verify batch's rows; a width-1 (plain) round would be read at γ + 1 rows per
+    request, which is why plain rounds are refused off the CPU (issue 31, item 2)."""
+    from sglang.srt.layers.attention.flashattention_backend import FlashAttentionBackend
+
+    width = 4
+    got = []
+    for spec in _verify_inputs(width):
+        backend = _backend(FlashAttentionBackend, width)
+        FlashAttentionBackend.init_forward_metadata(backend, _verify_batch(spec))
+        got.append(backend.forward_metadata)
+    ssd, ngram = got
+    for name in ("cu_seqlens_q", "cache_seqlens_int32", "cu_seqlens_k", "page_table"):
+        assert torch.equal(getattr(ssd, name), getattr(ngram, name)), name
+    assert ssd.cu_seqlens_q.tolist() == [0, 4, 8, 12]  # = SSD's verify rows, width × requests
+    assert ssd.cache_seqlens_int32.tolist() == [n + width for n in LENGTHS]
+    plain, _ = _verify_inputs(1)
+    backend = _backend(FlashAttentionBackend, width)
+    FlashAttentionBackend.init_forward_metadata(backend, _verify_batch(plain))
+    assert backend.forward_metadata.cu_seqlens_q[-1] == width * len(LENGTHS) != len(LENGTHS)
+
+
+def test_triton_verify_metadata_is_ngrams(
+    sglang_world: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Triton's TARGET_VERIFY metadata (`TritonAttnBackend.init_forward_metadata`,
+    layers/attention/triton_backend.py) reads the width from the input and the chain mask at
+    `mask_indptr` offsets of W (L + W) per request; run on CPU tensors (its KV gather on
+    Triton's CPU interpreter), SSD's input gives what NGRAM's gives, and the mask it indexes is
+    exactly SSD's mask."""
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+    from sglang.srt.mem_cache import kv_index_translator
+    from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
+    from sglang.srt.mem_cache.kv_loc_plan import KVLocPlan
+    from sglang_source import triton_reference
+
+    gather = triton_reference(
+        "kernels/ops/attention/kv_indices.py", "create_flashinfer_kv_indices_triton"
+    )
+    monkeypatch.setattr(kv_index_translator, "create_flashinfer_kv_indices_triton", gather)
+    width, lengths = 4, torch.tensor(LENGTHS)
+    got = []
+    for spec in _verify_inputs(width):
+        backend = _backend(
+            TritonAttnBackend, width, dllm_attention=None, window_kv_indptr=None, dcp_size=1,
+            sliding_window_size=None, kv_indptr=torch.zeros(8, dtype=torch.int32),
+            mask_indptr=torch.zeros(8, dtype=torch.int64),
+        )  # fmt: skip
+        translator = KVIndexTranslator(
+            req_to_token=backend.req_to_token, token_to_kv_pool_allocator=object(),
+            token_to_kv_pool=object(), page_size=1, device="cpu",
+        )  # fmt: skip
+        batch = _verify_batch(spec)
+        batch.kv_loc_plan = KVLocPlan(
+            source=translator, req_pool_indices=batch.req_pool_indices, seq_lens=lengths,
+            seq_lens_cpu=lengths, write_virtual=None,
+        )  # fmt: skip
+        backend.kv_index_translator = translator
+        TritonAttnBackend.init_forward_metadata(backend, batch)
+        got.append(backend.forward_metadata)
+    ssd, ngram = got
+    for name in ("qo_indptr", "kv_indptr", "kv_indices", "mask_indptr", "custom_mask"):
+        assert torch.equal(getattr(ssd, name), getattr(ngram, name)), name
+    assert ssd.mask_indptr[-1] == ssd.custom_mask.numel()
+    assert ssd.qo_indptr.tolist() == [0, 4, 8, 12] and ssd.max_extend_len == width
