@@ -15,18 +15,17 @@ teacher-forced (AR continues from SSD's prefix), so all of SSD's tokens are chec
 
 from __future__ import annotations
 
-import gc
 import os
 
 import psutil
 import pytest
 import requests
-import torch
 
 from eval.datasets import BOTH, HUMANEVAL, load_prompts, load_tokenizer
 from eval.lossless import continuation
 from eval.servers import Server
 from sglang_ssd.testing import check_greedy
+from sglang_ssd.testing.greedy import generate_greedy, in_child
 
 from .pair import humaneval_ids
 from .same_output import report_divergences
@@ -59,18 +58,9 @@ def transformers_prompts(pair) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def transformers_greedy(pair, transformers_prompts) -> list[list[int]]:
-    """transformers' greedy `AR_TOKENS` tokens from the bf16 folder, in the test process."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(str(pair[0]), dtype=torch.bfloat16)
-    outputs = []
-    with torch.inference_mode():
-        for ids in transformers_prompts:
-            out = model.generate(torch.tensor([ids]), max_new_tokens=AR_TOKENS, do_sample=False)
-            outputs.append(out[0, len(ids) :].tolist())
-    del model
-    gc.collect()
-    return outputs
+    """transformers' greedy `AR_TOKENS` tokens from the bf16 folder, in a child process (the
+    model's memory must not stay in the test process beside the servers)."""
+    return in_child(generate_greedy, str(pair[0]), transformers_prompts, AR_TOKENS)
 
 
 def _greedy(server: Server, prompts: list[list[int]], n: int) -> list[dict]:
