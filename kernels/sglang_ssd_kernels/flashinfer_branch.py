@@ -36,7 +36,7 @@ __all__ = [
     "plan_flashinfer_branch",
 ]
 
-# Head dims FlashInfer 0.7's prefill kernels are built for (its AOT list; others JIT-compile).
+# Head dims FlashInfer 0.7's prefill kernels are built for; other head dims run the SDPA plan.
 FLASHINFER_HEAD_DIMS = (64, 128, 256)
 _WORKSPACE_BYTES = 128 * 1024 * 1024
 _WORKSPACES: dict[torch.device, torch.Tensor] = {}
