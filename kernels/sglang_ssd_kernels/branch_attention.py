@@ -237,6 +237,7 @@ def plan_branch_attention(
             qo_ptr,
             kv_ptr,
             slots,
+            max_slot,
             mask,
             empty_rows,
             sdpa=lambda: plan_branch_attention(

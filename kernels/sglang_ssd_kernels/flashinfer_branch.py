@@ -22,6 +22,7 @@ Imports with torch alone; flashinfer is imported when a wrapper is made.
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -101,7 +102,6 @@ class FlashInferBranchPlan:
     custom_mask: torch.Tensor | None
     empty_rows: torch.Tensor | None
     sdpa: Callable[[], Any]
-    strategy: str = "flashinfer"
     _wrapper: Any = None
     _planned: tuple | None = None  # (sm_scale, q dtype, kv dtype, H, Hkv, d, dv) last planned
     _fallback: Any = None
@@ -180,6 +180,7 @@ def plan_flashinfer_branch(
     qo_ptr: list[int],
     kv_ptr: list[int],
     slots: torch.Tensor,
+    max_slot: int,
     mask: torch.Tensor | None,
     empty_rows: torch.Tensor | None,
     sdpa: Callable[[], Any],
@@ -188,7 +189,8 @@ def plan_flashinfer_branch(
 
     Args:
         qo_ptr, kv_ptr: the layout's index pointers as host lists [R + 1] (validated).
-        slots: int64 [total_kv] on the cache's device; mask: bool [sum qo * kv] or None.
+        slots: int64 [total_kv] on the cache's device; max_slot: their largest (-1 if none),
+            as the caller already read it; mask: bool [sum qo * kv] or None.
         empty_rows: int64 [E] rows that see no slot, or None.
         sdpa: builds the same layout's padded SDPA plan (see `FlashInferBranchPlan.sdpa`).
 
@@ -206,7 +208,7 @@ def plan_flashinfer_branch(
         kv_indices = slots[torch.tensor(positions, dtype=torch.int64, device=device)]
     return FlashInferBranchPlan(
         num_queries=qo_ptr[-1],
-        max_slot=int(slots.max()) if slots.numel() > 0 else -1,
+        max_slot=max_slot,
         qo_indptr=_indptr(qo_lens, device),
         kv_indptr=_indptr(kv_lens, device),
         kv_indices=kv_indices.to(torch.int32),
@@ -218,7 +220,4 @@ def plan_flashinfer_branch(
 
 def _indptr(lens: list[int], device: torch.device) -> torch.Tensor:
     """int32 [len(lens) + 1]: 0 then the running sum of `lens`."""
-    ptr = [0]
-    for length in lens:
-        ptr.append(ptr[-1] + length)
-    return torch.tensor(ptr, dtype=torch.int32, device=device)
+    return torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device=device)
