@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from sglang_ssd_kernels.branch_inputs import check_run_inputs
+
 __all__ = [
     "FLASHINFER_HEAD_DIMS",
     "FlashInferBranchPlan",
@@ -122,8 +124,6 @@ class FlashInferBranchPlan:
         Raises:
             ValueError: on shape, dtype or device mismatches, or a slot index >= S.
         """
-        from sglang_ssd_kernels.branch_attention import check_run_inputs
-
         check_run_inputs(self.num_queries, self.max_slot, q, k_cache, v_cache)
         if self._fallback is not None or not _kernel_supports(q, k_cache, v_cache):
             if self._fallback is None:
