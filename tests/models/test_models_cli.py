@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import sglang_ssd.models.cli as cli
-from sglang_ssd.models import DRAFT_MODEL, MODELS, TARGET_MODEL
+from sglang_ssd.models import DRAFT_MODEL, MODELS, TARGET_MODEL, store
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -45,12 +46,12 @@ def test_unknown_name_error_lists_choices(capsys: pytest.CaptureFixture[str]) ->
 
 
 def test_pull_all_pulls_every_model_in_order(pulled: list[str]) -> None:
-    assert cli.main(["pull", "all"]) == 0
+    assert cli.main(["pull", "all", "--jobs", "1"]) == 0
     assert pulled == list(MODELS)
 
 
 def test_pull_names_once_each(pulled: list[str]) -> None:
-    assert cli.main(["pull", DRAFT_MODEL, DRAFT_MODEL]) == 0
+    assert cli.main(["pull", DRAFT_MODEL, DRAFT_MODEL, "--jobs", "1"]) == 0
     assert pulled == [DRAFT_MODEL]
 
 
@@ -59,8 +60,29 @@ def test_pull_failure_exits_1(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
         raise RuntimeError("index unreachable")
 
     monkeypatch.setattr(cli, "pull", broken)
-    assert cli.main(["pull", TARGET_MODEL]) == 1
+    assert cli.main(["pull", TARGET_MODEL, "--jobs", "1"]) == 1
     assert f"pulling {TARGET_MODEL} failed: index unreachable" in capsys.readouterr().err
+
+
+def test_pull_side_by_side_runs_each_model_in_its_own_process(
+    empty_home: Path, monkeypatch: pytest.MonkeyPatch, capfd
+) -> None:
+    # Both models present (their markers name the pinned GGUFs): each spawned child finds its
+    # own and says so. The parent's `pull` is broken here, and no child sees that patch.
+    monkeypatch.setattr(cli, "pull", lambda name: (_ for _ in ()).throw(RuntimeError("parent")))
+    for spec in MODELS.values():
+        folder = store.model_dir(spec)
+        folder.mkdir(parents=True)
+        marker = {"format": store.MARKER_FORMAT, "gguf_sha256": spec.gguf_sha256}
+        (folder / store.MARKER_NAME).write_text(json.dumps(marker))
+    assert cli.main(["pull", "all", "--jobs", "2"]) == 0
+    out = capfd.readouterr().out
+    assert all(f"{name}: already present" in out for name in MODELS), out
+
+
+def test_negative_jobs_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["pull", "all", "--jobs", "-1"]) == 2
+    assert "--jobs must be 0" in capsys.readouterr().err
 
 
 def test_list_shows_every_model_absent(empty_home: Path, capsys) -> None:

@@ -54,3 +54,30 @@ def test_cpu_installs_the_cpu_build_without_sglangs_dependencies_and_the_stand_i
 def test_the_dry_run_runs_nothing(tmp_path, cuda):
     _plan(cuda=cuda, tmp_path=tmp_path)
     assert not (tmp_path / "venv").exists()
+
+
+def test_uv_installs_with_pips_index_settings_and_pip_remains_a_choice(tmp_path, monkeypatch):
+    monkeypatch.setenv("PIP_FIND_LINKS", "/wheels/a /wheels/b")
+    monkeypatch.setenv("PIP_INDEX_URL", "https://download.pytorch.org/whl/cpu")
+    plan = _plan(cuda=False, tmp_path=tmp_path)
+    assert plan[1].endswith(
+        "pip install -q --disable-pip-version-check -r requirements/installer.txt"
+    )
+    pips = _pip(plan)
+    assert all(" -m uv pip install " in cmd for cmd in plan[2:] if " pip install " in cmd)
+    for args in pips[1:]:
+        assert "--find-links /wheels/a --find-links /wheels/b" in args
+        assert "--index-url https://download.pytorch.org/whl/cpu" in args
+        assert "--compile-bytecode" in args
+
+    monkeypatch.setenv("SSD_INSTALLER", "pip")
+    plan = _plan(cuda=False, tmp_path=tmp_path)
+    assert not any("uv" in cmd.split() or "installer.txt" in cmd for cmd in plan)
+    assert any("-m pip install" in cmd and "requirements/torch.txt" in cmd for cmd in plan)
+
+
+def test_an_unknown_installer_is_refused(tmp_path):
+    env = dict(os.environ, SSD_INSTALL_DRY_RUN="1", SSD_INSTALLER="conda", VENV=str(tmp_path))
+    out = subprocess.run(["bash", str(ROOT / "scripts" / "install.sh")], env=env,
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 2 and "SSD_INSTALLER must be uv or pip" in out.stderr
