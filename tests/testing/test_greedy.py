@@ -202,3 +202,33 @@ def test_eps_source_names_the_file_or_the_constant(tmp_path: Path) -> None:
     assert margin_eps_source(path).endswith("MEASURED_MARGIN_EPS")
     path.write_text(json.dumps({"summary": {"eps": 0.3}}))
     assert margin_eps_source(path) == str(path)
+
+
+def test_bf16_weights_give_the_margins_of_the_same_weights_in_fp32(tmp_path: Path) -> None:
+    # The real target is stored in bf16; its margins must be those of a float32 forward.
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from sglang_ssd.testing.greedy import _fp32_top2_margins, run_in_fp32
+    from sglang_ssd.testing.tiny_models import TinySpec, make_tiny_model
+
+    folder = make_tiny_model(tmp_path / "bf16", TinySpec(dtype=torch.bfloat16, num_layers=2))
+    prefixes = [[5, 9, 17, 3], [40, 41, 42, 43, 44, 45, 7], [11]]
+    lean = _fp32_top2_margins(folder, prefixes)
+
+    full = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+    bf16 = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.bfloat16)
+    with torch.inference_mode():
+        ref, low = [], []
+        for prefix in prefixes:
+            for model, out in ((full, ref), (bf16, low)):
+                top = torch.topk(model(torch.tensor([prefix])).logits[0, -1].float(), 2).values
+                out.append(float(top[0] - top[1]))
+    assert lean == pytest.approx(ref, abs=1e-5)
+    assert low != pytest.approx(ref, abs=1e-5)  # bf16 compute differs: the check has power
+    # The weights are back in bf16 and the hooks come off.
+    handles = run_in_fp32(bf16)
+    assert handles and all(p.dtype == torch.bfloat16 for p in bf16.parameters())
+    for handle in handles:
+        handle.remove()
+    assert not bf16._forward_pre_hooks and run_in_fp32(full) == []
