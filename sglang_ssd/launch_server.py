@@ -180,9 +180,11 @@ def _print_help() -> None:
     sglang_parser.print_help()
 
 
-def server_args_of(argv: Sequence[str]) -> ServerArgs:
+def server_args_of(argv: Sequence[str], *, fork_start: bool = False) -> ServerArgs:
     """What `main` serves for `argv`: parse, apply defaults, export `SSDConfig` (to this
-    process's environment, for SGLang's subprocesses), load SGLang's plugins, then SGLang's own
+    process's environment, for SGLang's subprocesses), with `fork_start` on a machine without
+    CUDA start the preloading forkserver (`sglang_ssd.fork_start`, unless
+    `SGLANG_SSD_FORKSERVER=0`), load SGLang's plugins, then SGLang's own
     `prepare_server_args`. The result is raw, as SGLang returns it: `run_server` resolves it
     first (`ServerArgs.resolve_once`), which runs SSD's `validate_ssd_server_args` through the
     speculative registry and raises ValueError naming a flag SSD refuses.
@@ -191,12 +193,18 @@ def server_args_of(argv: Sequence[str]) -> ServerArgs:
         SystemExit: on a malformed `--ssd-*` flag or an invalid SSD configuration.
     """
     ssd_ns, sglang_argv = split_args(argv)
+    cuda = _has_cuda()
     try:
-        sglang_argv = apply_defaults(sglang_argv, cuda=_has_cuda(), environ=os.environ)
+        sglang_argv = apply_defaults(sglang_argv, cuda=cuda, environ=os.environ)
         config = build_config(ssd_ns, sglang_argv)
     except SSDConfigError as exc:
         sys.exit(f"error: {exc}")
     config.to_env()
+    if fork_start and not cuda:
+        from sglang_ssd import fork_start as forks
+
+        if forks.enabled_by(os.environ):
+            forks.enable()  # its imports run beside this process's from here on
     _prepare_draft_vocab(config, sglang_argv)
 
     from sglang.srt.plugins import load_plugins
@@ -212,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if "-h" in argv or "--help" in argv:
         _print_help()
         return
-    server_args = server_args_of(argv)
+    server_args = server_args_of(argv, fork_start=True)
 
     from sglang.launch_server import run_server
     from sglang.srt.utils import kill_process_tree

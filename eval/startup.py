@@ -1,0 +1,83 @@
+"""Server start-up seconds with and without the preloading forkserver (`sglang_ssd.fork_start`).
+
+`python -m eval.startup [--rounds N] [--model-path T --draft D] [--out FILE]` starts one SSD
+server at a time, N rounds in A-B-B-A order (forkserver on, off, off, on, ...), each timed
+by `eval.servers.Server` from the launcher's exec to a 200 from `/health_generate`, and
+stopped before the next. Without `--model-path` it trains the tests' tiny pair on the fly
+(seconds; `sglang_ssd.testing.trained_pair`), the pair most CI start-ups serve. Writes the
+machine, every start-up and the median of each arm to FILE (JSON) and prints the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from eval import provenance
+from eval.servers import Server
+from sglang_ssd.fork_start import SWITCH
+
+ARMS = {"forkserver": "1", "spawn": "0"}
+TINY_FLAGS = ("--dtype", "float32", "--max-total-tokens", "8192")
+
+
+def order(rounds: int) -> list[str]:
+    """The arms in A-B-B-A order over `rounds` rounds (two start-ups each)."""
+    first, second = ARMS
+    pairs = [(first, second) if i % 2 == 0 else (second, first) for i in range(rounds)]
+    return [arm for pair in pairs for arm in pair]
+
+
+def measure(argv: Sequence[str], rounds: int, logs: Path) -> dict[str, list[float]]:
+    """Start-up seconds of each arm, servers started one at a time with `argv`."""
+    seconds: dict[str, list[float]] = {arm: [] for arm in ARMS}
+    for i, arm in enumerate(order(rounds)):
+        server = Server(arm, list(argv), env={SWITCH: ARMS[arm]}, log_path=logs / f"{i}-{arm}.log")
+        with server:
+            seconds[arm].append(round(server.info["startup_s"], 2))
+        print(f"{arm:<10} {seconds[arm][-1]:6.1f} s", flush=True)
+    return seconds
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark; returns 0."""
+    parser = argparse.ArgumentParser(prog="python -m eval.startup", description=__doc__)
+    parser.add_argument("--rounds", type=int, default=3, help="A-B-B-A rounds (3)")
+    parser.add_argument("--model-path", type=Path, help="target (default: the tiny pair's)")
+    parser.add_argument("--draft", type=Path, help="draft (with --model-path)")
+    parser.add_argument("--out", type=Path, default=Path("eval/results/startup.json"))
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.model_path is None:
+            from sglang_ssd.testing.trained_pair import make_trained_pair
+
+            target, draft = make_trained_pair(Path(tmp) / "pair")
+            flags = TINY_FLAGS
+        else:
+            target, draft, flags = args.model_path, args.draft or args.model_path, ()
+        server_argv = ["--model-path", str(target), "--speculative-algorithm", "SSD"]
+        server_argv += ["--speculative-draft-model-path", str(draft), *flags]
+        seconds = measure(server_argv, args.rounds, Path(tmp))
+    medians = {arm: statistics.median(values) for arm, values in seconds.items()}
+    result = {
+        "machine": provenance.machine_info(),
+        "git": provenance.git_info(),
+        "server_argv": server_argv,
+        "order": order(args.rounds),
+        "startup_s": seconds,
+        "median_s": medians,
+        "spawn_over_forkserver": round(medians["spawn"] / medians["forkserver"], 3),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"median: forkserver {medians['forkserver']:.1f} s, spawn {medians['spawn']:.1f} s "
+          f"({result['spawn_over_forkserver']:.2f}x); wrote {args.out}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
