@@ -4,7 +4,7 @@
 server at a time, N rounds in A-B-B-A order (forkserver on, off, off, on, ...), each timed
 by `eval.servers.Server` from the launcher's exec to a 200 from `/health_generate`, and
 stopped before the next. Without `--model-path` it trains the tests' tiny pair on the fly
-(seconds; `sglang_ssd.testing.trained_pair`), the pair most CI start-ups serve. Writes the
+(about a minute; `sglang_ssd.testing.trained_pair`), the pair most CI start-ups serve. Writes the
 machine, every start-up and the median of each arm to FILE (JSON) and prints the ratio.
 """
 
@@ -46,10 +46,26 @@ def measure(argv: Sequence[str], rounds: int, logs: Path) -> dict[str, list[floa
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; returns 0."""
     parser = argparse.ArgumentParser(prog="python -m eval.startup", description=__doc__)
-    parser.add_argument("--rounds", type=int, default=3, help="A-B-B-A rounds (3)")
-    parser.add_argument("--model-path", type=Path, help="target (default: the tiny pair's)")
-    parser.add_argument("--draft", type=Path, help="draft (with --model-path)")
-    parser.add_argument("--out", type=Path, default=Path("eval/results/startup.json"))
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="rounds of two start-ups each, one per arm, in A-B-B-A order (3)",
+    )
+    parser.add_argument(
+        "--model-path",
+        type=Path,
+        help="target (default: the tiny pair, trained first in about a minute)",
+    )
+    parser.add_argument(
+        "--draft", type=Path, help="draft for --model-path (default: the target itself)"
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("eval/results/startup.json"),
+        help="JSON file written, relative to the current folder (%(default)s)",
+    )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         if args.model_path is None:
