@@ -1,10 +1,11 @@
 """Server start-up seconds with and without the preloading forkserver (`sglang_ssd.fork_start`).
 
-`python -m eval.startup [--rounds N] [--model-path T --draft D] [--out FILE]` starts one SSD
-server at a time, N rounds in A-B-B-A order (forkserver on, off, off, on, ...), each timed
-by `eval.servers.Server` from the launcher's exec to a 200 from `/health_generate`, and
-stopped before the next. Without `--model-path` it trains the tests' tiny pair on the fly
-(about a minute; `sglang_ssd.testing.trained_pair`), the pair most CI start-ups serve. Writes the
+`python -m eval.startup [--rounds N] [--side-by-side K] [--model-path T --draft D] [--out FILE]`
+starts SSD servers one arm at a time (K together with `--side-by-side K`, as CI's fixtures
+start pairs), N rounds in A-B-B-A order (forkserver on, off, off, on, ...), each timed by
+`eval.servers.Server` from the launcher's exec to a 200 from `/health_generate`, and stopped
+before the next. Without `--model-path` it trains the tests' tiny pair on the fly (about a
+minute; `sglang_ssd.testing.trained_pair`), the pair most CI start-ups serve. Writes the
 machine, every start-up and the median of each arm to FILE (JSON) and prints the ratio.
 """
 
@@ -18,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from eval import provenance
-from eval.servers import Server
+from eval.servers import Server, started_together
 from sglang_ssd.fork_start import SWITCH
 
 ARMS = {"forkserver": "1", "spawn": "0"}
@@ -32,14 +33,23 @@ def order(rounds: int) -> list[str]:
     return [arm for pair in pairs for arm in pair]
 
 
-def measure(argv: Sequence[str], rounds: int, logs: Path) -> dict[str, list[float]]:
-    """Start-up seconds of each arm, servers started one at a time with `argv`."""
+def measure(
+    argv: Sequence[str], rounds: int, logs: Path, side_by_side: int = 1
+) -> dict[str, list[float]]:
+    """Start-up seconds of each arm: `side_by_side` servers with `argv` started together (as
+    CI's fixtures start pairs), one arm at a time."""
     seconds: dict[str, list[float]] = {arm: [] for arm in ARMS}
     for i, arm in enumerate(order(rounds)):
-        server = Server(arm, list(argv), env={SWITCH: ARMS[arm]}, log_path=logs / f"{i}-{arm}.log")
-        with server:
-            seconds[arm].append(round(server.info["startup_s"], 2))
-        print(f"{arm:<10} {seconds[arm][-1]:6.1f} s", flush=True)
+        made = {
+            f"{arm}-{j}": Server(
+                arm, list(argv), env={SWITCH: ARMS[arm]}, log_path=logs / f"{i}-{arm}-{j}.log"
+            )
+            for j in range(side_by_side)
+        }
+        with started_together(made):
+            got = [round(server.info["startup_s"], 2) for server in made.values()]
+        seconds[arm] += got
+        print(f"{arm:<10} " + " ".join(f"{s:6.1f} s" for s in got), flush=True)
     return seconds
 
 
@@ -77,13 +87,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             target, draft, flags = args.model_path, args.draft or args.model_path, ()
         server_argv = ["--model-path", str(target), "--speculative-algorithm", "SSD"]
         server_argv += ["--speculative-draft-model-path", str(draft), *flags]
-        seconds = measure(server_argv, args.rounds, Path(tmp))
+        seconds = measure(server_argv, args.rounds, Path(tmp), args.side_by_side)
     medians = {arm: statistics.median(values) for arm, values in seconds.items()}
     result = {
         "machine": provenance.machine_info(),
         "git": provenance.git_info(),
         "server_argv": server_argv,
         "order": order(args.rounds),
+        "side_by_side": args.side_by_side,
         "startup_s": seconds,
         "median_s": medians,
         "spawn_over_forkserver": round(medians["spawn"] / medians["forkserver"], 3),
