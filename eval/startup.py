@@ -71,6 +71,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--draft", type=Path, help="draft for --model-path (default: the target itself)"
     )
     parser.add_argument(
+        "--side-by-side",
+        type=int,
+        default=1,
+        metavar="N",
+        help="servers started together per start-up, as CI's fixtures start pairs (1)",
+    )
+    parser.add_argument(
         "--out",
         type=Path,
         default=Path("eval/results/startup.json"),
