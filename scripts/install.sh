@@ -3,7 +3,7 @@
 # Called by `make install`; safe to re-run (the installer skips what is already satisfied).
 #
 # The installer is uv (`uv pip install`, pinned in requirements/installer.txt and put into the
-# venv by the venv's own pip): on CI's 2-core machine it installs this list in 77 s where pip
+# venv by the venv's own pip): on CI's 2-core machine this script took 85 s where pip
 # took 206 s (both from empty caches, .pyc compiled; same versions). It honours pip's
 # find-links and index settings from the environment (PIP_FIND_LINKS, PIP_INDEX_URL,
 # PIP_EXTRA_INDEX_URL), as pip would. SSD_INSTALLER=pip installs with pip alone instead.
