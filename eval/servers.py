@@ -30,9 +30,10 @@ from typing import Any
 import psutil
 import requests
 
+from eval import zygote
 from sglang_ssd.config import format_cpu_list
 
-LAUNCHER = ("-m", "sglang_ssd.launch_server")
+LAUNCHER = ("-m", zygote.LAUNCHER_MODULE)
 HEALTH_PATHS = ("/health_generate", "/health")
 # uvicorn's message when the HTTP port was taken; the server then waits forever to shut down.
 BIND_ERROR = b"error while attempting to bind on address"
@@ -176,6 +177,9 @@ class Server:
         log_path: where stdout and stderr go (a temp-like default under the cwd otherwise).
         python: interpreter that runs the launcher.
         startup_timeout: seconds to wait for readiness.
+        zygote_socket: socket of a preloaded zygote to fork the launcher from (`eval/zygote.py`;
+            default: the one `SGLANG_SSD_ZYGOTE` names, if any); None execs it, as always
+            when `python` is not this interpreter.
     """
 
     name: str
@@ -189,8 +193,11 @@ class Server:
     port: int | None = None
     startup_timeout: float = 900.0
     stop_grace: float = 15.0
+    zygote_socket: str | None = field(default_factory=zygote.address)
 
-    proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+    proc: subprocess.Popen[bytes] | zygote.ZygoteChild | None = field(
+        default=None, init=False, repr=False
+    )
     info: dict[str, Any] = field(default_factory=dict, init=False)
     _terminated_at: float | None = field(default=None, init=False, repr=False)
 
@@ -243,15 +250,20 @@ class Server:
             log.write(f"# {self.command_line()}\n".encode())
             log.flush()
             log_start = log.tell()
-            self.proc = subprocess.Popen(
-                self.argv(),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                start_new_session=True,
-                preexec_fn=_set_affinity(self.cpus),
-            )
+            forked_from = self._zygote()
+            if forked_from is None:
+                self.proc = subprocess.Popen(
+                    self.argv(),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=env,
+                    start_new_session=True,
+                    preexec_fn=_set_affinity(self.cpus),
+                )
+        if forked_from is not None:
+            args = self.argv()[1 + len(LAUNCHER) :]
+            self.proc = zygote.fork_launcher(forked_from, args, env, self.log_path, self.cpus)
         self.info = {
             "name": self.name,
             "argv": self.argv(),
@@ -262,6 +274,7 @@ class Server:
             "pid": self.proc.pid,
             "log_path": str(self.log_path),
             "started_at": started,
+            "zygote": forked_from,
         }
         try:
             self._wait_ready(started, log_start)
@@ -273,6 +286,10 @@ class Server:
         for listener in START_LISTENERS:
             listener(self)
         return self
+
+    def _zygote(self) -> str | None:
+        """The zygote socket to fork this server's launcher from, or None to exec it."""
+        return self.zygote_socket if self.python == sys.executable else None
 
     def _wait_ready(self, started: float, log_start: int = 0) -> None:
         assert self.proc is not None and self.log_path is not None

@@ -1,48 +1,59 @@
-"""Server start-up seconds with and without the preloading forkserver (`sglang_ssd.fork_start`).
+"""Server start-up seconds three ways: exec'd with the preloading forkserver
+(`sglang_ssd.fork_start`, the launcher's default), exec'd without it (SGLang's spawn), and
+forked from a preloaded zygote (`eval/zygote.py`, how the test session starts its servers).
 
 `python -m eval.startup [--rounds N] [--side-by-side K] [--model-path T --draft D] [--out FILE]`
 starts SSD servers one arm at a time (K together with `--side-by-side K`, as CI's fixtures
-start pairs), N rounds in A-B-B-A order (forkserver on, off, off, on, ...), each timed by
-`eval.servers.Server` from the launcher's exec to a 200 from `/health_generate`, and stopped
-before the next. Without `--model-path` it trains the tests' tiny pair on the fly (about a
+start pairs), N rounds with the arms in forward then reverse order (A-B-C-C-B-A ...), each
+timed by `eval.servers.Server` from the launcher's start (its exec, or the zygote's fork) to a
+200 from `/health_generate`, and stopped before the next. The zygote is started once, first;
+its one-off preload is recorded apart (`zygote_preload_s`), since a session pays it once for
+all its servers. Without `--model-path` it trains the tests' tiny pair on the fly (about a
 minute; `sglang_ssd.testing.trained_pair`), the pair most CI start-ups serve. Writes the
-machine, every start-up and the median of each arm to FILE (JSON) and prints the ratio.
+machine, every start-up and the median of each arm to FILE (JSON) and prints the ratios.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from eval import provenance
+from eval import provenance, zygote
+from eval.interleave import interleaved_order
 from eval.servers import Server, started_together
 from sglang_ssd.fork_start import SWITCH
 
-ARMS = {"forkserver": "1", "spawn": "0"}
+# arm -> the launcher's forkserver switch; the zygote arm forks launchers from a zygote.
+ARMS = {"forkserver": "1", "spawn": "0", "zygote": "1"}
 TINY_FLAGS = ("--dtype", "float32", "--max-total-tokens", "8192")
 
 
 def order(rounds: int) -> list[str]:
-    """The arms in A-B-B-A order over `rounds` rounds (two start-ups each)."""
-    first, second = ARMS
-    pairs = [(first, second) if i % 2 == 0 else (second, first) for i in range(rounds)]
-    return [arm for pair in pairs for arm in pair]
+    """The arms over `rounds` rounds (one start-up each per round), forward in even rounds and
+    reversed in odd ones (A-B-C-C-B-A), so a drift in the machine's speed cancels."""
+    return [arm for i in range(rounds) for arm in interleaved_order(list(ARMS), i)]
 
 
 def measure(
-    argv: Sequence[str], rounds: int, logs: Path, side_by_side: int = 1
+    argv: Sequence[str], rounds: int, logs: Path, side_by_side: int = 1, zygote_socket: str = ""
 ) -> dict[str, list[float]]:
     """Start-up seconds of each arm: `side_by_side` servers with `argv` started together (as
-    CI's fixtures start pairs), one arm at a time."""
+    CI's fixtures start pairs), one arm at a time; the zygote arm forks from `zygote_socket`."""
     seconds: dict[str, list[float]] = {arm: [] for arm in ARMS}
     for i, arm in enumerate(order(rounds)):
         made = {
             f"{arm}-{j}": Server(
-                arm, list(argv), env={SWITCH: ARMS[arm]}, log_path=logs / f"{i}-{arm}-{j}.log"
+                arm,
+                list(argv),
+                env={SWITCH: ARMS[arm]},
+                log_path=logs / f"{i}-{arm}-{j}.log",
+                zygote_socket=zygote_socket if arm == "zygote" else None,
             )
             for j in range(side_by_side)
         }
@@ -60,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--rounds",
         type=int,
         default=3,
-        help="rounds of two start-ups each, one per arm, in A-B-B-A order (3)",
+        help="rounds of one start-up per arm, in A-B-C-C-B-A order (3)",
     )
     parser.add_argument(
         "--model-path",
@@ -94,7 +105,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             target, draft, flags = args.model_path, args.draft or args.model_path, ()
         server_argv = ["--model-path", str(target), "--speculative-algorithm", "SSD"]
         server_argv += ["--speculative-draft-model-path", str(draft), *flags]
-        seconds = measure(server_argv, args.rounds, Path(tmp), args.side_by_side)
+        sock, began = Path(tmp) / "zygote.sock", time.monotonic()
+        with zygote.running(sock, Path(tmp) / "zygote.log"):
+            zygote.fork_launcher(
+                str(sock), ["--help"], dict(os.environ), Path(tmp) / "help.log"
+            ).wait()
+            preload_s = time.monotonic() - began
+            seconds = measure(server_argv, args.rounds, Path(tmp), args.side_by_side, str(sock))
     medians = {arm: statistics.median(values) for arm, values in seconds.items()}
     result = {
         "machine": provenance.machine_info(),
@@ -104,12 +121,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "side_by_side": args.side_by_side,
         "startup_s": seconds,
         "median_s": medians,
+        "zygote_preload_s": round(preload_s, 2),
         "spawn_over_forkserver": round(medians["spawn"] / medians["forkserver"], 3),
+        "forkserver_over_zygote": round(medians["forkserver"] / medians["zygote"], 3),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"median: forkserver {medians['forkserver']:.1f} s, spawn {medians['spawn']:.1f} s "
-          f"({result['spawn_over_forkserver']:.2f}x); wrote {args.out}")  # fmt: skip
+          f"({result['spawn_over_forkserver']:.2f}x), zygote {medians['zygote']:.1f} s "
+          f"(forkserver {result['forkserver_over_zygote']:.2f}x; its preload "
+          f"{preload_s:.1f} s once); wrote {args.out}")  # fmt: skip
     return 0
 
 

@@ -66,6 +66,42 @@ def enable() -> None:
     forkserver.ensure_running()
 
 
+def use_fork() -> None:
+    """Make SGLang's later `set_start_method("spawn")` select "fork" in this process, for a
+    launcher that already imported what SGLang's children run (one forked from a preloaded
+    process: `eval/zygote.py`); `enable` then does nothing. This process runs torch with one
+    thread from here on (libgomp is not fork-safe once its pool exists). Children forked from
+    here get the thread count back and their multiprocessing start method reset to "spawn",
+    so their own children (the DP controller's schedulers) are spawned as SGLang asked, as
+    under `enable`. Idempotent.
+    """
+    if getattr(multiprocessing.set_start_method, "_sglang_ssd", False):
+        return
+    import torch
+
+    original = multiprocessing.set_start_method
+    launcher = os.getpid()
+    threads = torch.get_num_threads()
+    # No OpenMP thread pool in the launcher: once libgomp's pool exists, a forked child hangs
+    # in its first parallel region (seen: a scheduler stuck in `gomp_team_barrier_wait_end`
+    # while loading weights, after the launcher counted the draft's vocabulary with torch).
+    # One thread runs torch's ops inline; the children get the launcher's count back.
+    torch.set_num_threads(1)
+
+    def set_start_method(method: str | None, force: bool = False) -> None:
+        here = os.getpid() == launcher
+        original("fork" if method == "spawn" and here else method, force=force)
+
+    def spawn_in_children() -> None:
+        if os.getpid() != launcher:
+            original("spawn", force=True)
+            torch.set_num_threads(threads)
+
+    set_start_method._sglang_ssd = True  # type: ignore[attr-defined]
+    multiprocessing.set_start_method = set_start_method
+    os.register_at_fork(after_in_child=spawn_in_children)
+
+
 def _with_environ(get: Callable[[str], dict[str, Any]]) -> Callable[[str], dict[str, Any]]:
     """`spawn.get_preparation_data` that also carries the caller's environment."""
 

@@ -1,0 +1,111 @@
+"""`eval.zygote`: a child forked from the preloaded zygote is set up as an exec'd process would
+be (arguments, the caller's environment and working directory, CPU affinity, its own session,
+torch's thread count), and its exit status comes back as `subprocess.Popen`'s would. A probe
+module stands in for the launcher (the integration tests start every server through it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from eval import zygote
+
+PROBE = textwrap.dedent(
+    """
+    import json, os, sys, time
+    report = {
+        "argv": sys.argv[1:],
+        "probe": os.environ.get("PROBE"),
+        "cwd": os.getcwd(),
+        "cpus": sorted(os.sched_getaffinity(0)),
+        "session_leader": os.getsid(0) == os.getpid(),
+        "ppid": os.getppid(),
+    }
+    if "torch" in sys.modules:  # what a child SGLang forks from this launcher runs with
+        read, write = os.pipe()
+        if os.fork() == 0:
+            os.write(write, str(sys.modules["torch"].get_num_threads()).encode())
+            os._exit(0)
+        os.wait()
+        report["threads"] = int(os.read(read, 16))
+    print(json.dumps(report), flush=True)
+    if sys.argv[1] == "sleep":
+        time.sleep(120)
+    sys.exit(int(sys.argv[1]))
+    """
+)
+
+
+def _zygote(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, preload: str) -> Iterator[tuple]:
+    (tmp_path / "zygote_probe.py").write_text(PROBE)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), *sys.path]))
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # what the zygote's torch reads at import
+    sock = tmp_path / "z.sock"
+    with zygote.running(sock, tmp_path / "zygote.log", (preload,), "zygote_probe") as proc:
+        yield str(sock), proc
+
+
+@pytest.fixture
+def plain(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple]:
+    """A zygote that preloads only `json`, running the probe."""
+    yield from _zygote(tmp_path, monkeypatch, "json")
+
+
+def _report(log: Path) -> dict:
+    return json.loads(log.read_text().splitlines()[-1])
+
+
+def test_a_child_gets_the_callers_args_environment_folder_and_cpus(
+    plain: tuple, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sock, proc = plain
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    log = tmp_path / "child.log"
+    env = {**os.environ, "PROBE": "from the caller"}
+    child = zygote.fork_launcher(sock, ["3", "--flag"], env, log, cpus=[0])
+    assert child.wait(60) == 3 and child.poll() == 3
+    report = _report(log)
+    assert report["argv"] == ["3", "--flag"]
+    assert report["probe"] == "from the caller"
+    assert report["cwd"] == str(work)
+    assert report["cpus"] == [0]
+    assert report["session_leader"]
+    assert report["ppid"] == proc.pid
+
+
+def test_a_signalled_child_reports_minus_the_signal(plain: tuple, tmp_path: Path) -> None:
+    sock, _ = plain
+    log = tmp_path / "child.log"
+    child = zygote.fork_launcher(sock, ["sleep"], dict(os.environ), log)
+    assert child.poll() is None
+    psutil.Process(child.pid)  # alive
+    child.kill()
+    assert child.wait(60) == -signal.SIGKILL
+
+
+def test_torch_threads_follow_the_childs_omp_num_threads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch read OMP_NUM_THREADS (2) when the zygote imported it; the child asks for 1, and the
+    processes SGLang forks from it run with 1 (the launcher itself runs torch on one thread:
+    `fork_start.use_fork`)."""
+    for sock, _ in _zygote(tmp_path, monkeypatch, "torch"):
+        log = tmp_path / "child.log"
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        assert zygote.fork_launcher(sock, ["0"], env, log).wait(120) == 0
+        assert _report(log)["threads"] == 1
+
+
+def test_unreachable_zygote_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(zygote.ZygoteError, match="zygote at"):
+        zygote.fork_launcher(str(tmp_path / "none.sock"), [], {}, tmp_path / "x.log")
