@@ -28,8 +28,9 @@ lint: install
 	$(VPY) -m ruff check .
 	$(VPY) -m ruff format --check .
 
+# Everything that starts no server (markers `integration`, `real`, `server`: pyproject.toml).
 test-unit: install
-	$(VPY) -m pytest -m "not integration and not real" $(PYTEST_ARGS)
+	$(VPY) -m pytest -m "not integration and not real and not server" $(PYTEST_ARGS)
 
 # CI's suite: every test but the real-pair checks marked `real` (deselected, not skipped). One
 # process, tests in file order: several checks time the speculator against the target (accept

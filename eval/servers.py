@@ -30,7 +30,7 @@ from typing import Any
 import psutil
 import requests
 
-from eval import zygote
+from sglang_ssd import zygote
 from sglang_ssd.config import format_cpu_list
 
 LAUNCHER = ("-m", zygote.LAUNCHER_MODULE)
@@ -49,7 +49,8 @@ FAILED_START_GRACE_S = 3.0
 # that both signals stop every process and free every port.
 STOP_SIGNAL = signal.SIGINT
 # Called with each server once it answers (`Server.start`): e.g. the test session records every
-# start-up's seconds for CI's cost report (tests/conftest.py, scripts/ci_times.py).
+# start-up's seconds for CI's cost report (tests/conftest.py, scripts/ci_times.py). A listener
+# that raises fails the start: the server is stopped and the error goes to the caller.
 START_LISTENERS: list[Callable[[Server], None]] = []
 
 
@@ -177,9 +178,9 @@ class Server:
         log_path: where stdout and stderr go (a temp-like default under the cwd otherwise).
         python: interpreter that runs the launcher.
         startup_timeout: seconds to wait for readiness.
-        zygote_socket: socket of a preloaded zygote to fork the launcher from (`eval/zygote.py`;
-            default: the one `SGLANG_SSD_ZYGOTE` names, if any); None execs it, as always
-            when `python` is not this interpreter.
+        zygote_socket: socket of a preloaded zygote to fork the launcher from
+            (`sglang_ssd/zygote.py`; default: the one `SGLANG_SSD_ZYGOTE` names, if any); None
+            execs it, as always when `python` is not this interpreter.
     """
 
     name: str
@@ -263,7 +264,7 @@ class Server:
                 )
         if forked_from is not None:
             args = self.argv()[1 + len(LAUNCHER) :]
-            self.proc = zygote.fork_launcher(forked_from, args, env, self.log_path, self.cpus)
+            self.proc = zygote.fork(forked_from, args, env, self.log_path, self.cpus)
         self.info = {
             "name": self.name,
             "argv": self.argv(),
@@ -283,8 +284,12 @@ class Server:
             raise
         self.info["startup_s"] = time.time() - started
         self.info["processes"] = self.processes()
-        for listener in START_LISTENERS:
-            listener(self)
+        try:
+            for listener in START_LISTENERS:
+                listener(self)
+        except BaseException:  # a listener refused it (the test session's marker check)
+            self.stop(check_port=False, grace_s=FAILED_START_GRACE_S)
+            raise
         return self
 
     def _zygote(self) -> str | None:

@@ -1,6 +1,9 @@
-"""Server start-up seconds three ways: exec'd with the preloading forkserver
-(`sglang_ssd.fork_start`, the launcher's default), exec'd without it (SGLang's spawn), and
-forked from a preloaded zygote (`eval/zygote.py`, how the test session starts its servers).
+"""Server start-up seconds five ways, to separate what each of the launcher's start-up paths
+saves: SGLang's own (spawned children, the speculator exec'd), the preloading forkserver
+(`sglang_ssd.fork_start`), the forkserver plus the speculator forked from the launcher's
+speculator zygote (`sglang_ssd.zygote.fork_speculator_zygote`; the launcher's default on CPU),
+and the launcher forked from a preloaded zygote (`sglang_ssd/zygote.py`) without and with the
+speculator zygote (the latter is how the test session starts its servers).
 
 `python -m eval.startup [--rounds N] [--side-by-side K] [--model-path T --draft D] [--out FILE]`
 starts SSD servers one arm at a time (K together with `--side-by-side K`, as CI's fixtures
@@ -22,15 +25,40 @@ import statistics
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-from eval import provenance, zygote
+from eval import provenance
 from eval.interleave import interleaved_order
 from eval.servers import Server, started_together
+from sglang_ssd import zygote
 from sglang_ssd.fork_start import SWITCH
 
-# arm -> the launcher's forkserver switch; the zygote arm forks launchers from a zygote.
-ARMS = {"forkserver": "1", "spawn": "0", "zygote": "1"}
+
+@dataclass(frozen=True)
+class Arm:
+    """One way to start a server: the launcher's forkserver switch, the speculator zygote's
+    switch, and whether the launcher itself is forked from the bench's zygote."""
+
+    forkserver: bool
+    speculator_zygote: bool
+    forked: bool
+
+    def env(self) -> dict[str, str]:
+        """The switches as the launcher reads them from its environment."""
+        return {
+            SWITCH: str(int(self.forkserver)),
+            zygote.SPECULATOR_SWITCH: str(int(self.speculator_zygote)),
+        }
+
+
+ARMS = {
+    "spawn": Arm(forkserver=False, speculator_zygote=False, forked=False),
+    "forkserver": Arm(forkserver=True, speculator_zygote=False, forked=False),
+    "forkserver+spec": Arm(forkserver=True, speculator_zygote=True, forked=False),
+    "zygote": Arm(forkserver=True, speculator_zygote=False, forked=True),
+    "zygote+spec": Arm(forkserver=True, speculator_zygote=True, forked=True),
+}
 TINY_FLAGS = ("--dtype", "float32", "--max-total-tokens", "8192")
 
 
@@ -44,23 +72,23 @@ def measure(
     argv: Sequence[str], rounds: int, logs: Path, side_by_side: int = 1, zygote_socket: str = ""
 ) -> dict[str, list[float]]:
     """Start-up seconds of each arm: `side_by_side` servers with `argv` started together (as
-    CI's fixtures start pairs), one arm at a time; the zygote arm forks from `zygote_socket`."""
+    CI's fixtures start pairs), one arm at a time; the forked arms fork from `zygote_socket`."""
     seconds: dict[str, list[float]] = {arm: [] for arm in ARMS}
     for i, arm in enumerate(order(rounds)):
         made = {
             f"{arm}-{j}": Server(
                 arm,
                 list(argv),
-                env={SWITCH: ARMS[arm]},
+                env=ARMS[arm].env(),
                 log_path=logs / f"{i}-{arm}-{j}.log",
-                zygote_socket=zygote_socket if arm == "zygote" else None,
+                zygote_socket=zygote_socket if ARMS[arm].forked else None,
             )
             for j in range(side_by_side)
         }
         with started_together(made):
             got = [round(server.info["startup_s"], 2) for server in made.values()]
         seconds[arm] += got
-        print(f"{arm:<10} " + " ".join(f"{s:6.1f} s" for s in got), flush=True)
+        print(f"{arm:<16} " + " ".join(f"{s:6.1f} s" for s in got), flush=True)
     return seconds
 
 
@@ -107,9 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         server_argv += ["--speculative-draft-model-path", str(draft), *flags]
         sock, began = Path(tmp) / "zygote.sock", time.monotonic()
         with zygote.running(sock, Path(tmp) / "zygote.log"):
-            zygote.fork_launcher(
-                str(sock), ["--help"], dict(os.environ), Path(tmp) / "help.log"
-            ).wait()
+            zygote.fork(str(sock), ["--help"], dict(os.environ), Path(tmp) / "help.log").wait()
             preload_s = time.monotonic() - began
             seconds = measure(server_argv, args.rounds, Path(tmp), args.side_by_side, str(sock))
     medians = {arm: statistics.median(values) for arm, values in seconds.items()}
@@ -122,15 +148,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "startup_s": seconds,
         "median_s": medians,
         "zygote_preload_s": round(preload_s, 2),
-        "spawn_over_forkserver": round(medians["spawn"] / medians["forkserver"], 3),
-        "forkserver_over_zygote": round(medians["forkserver"] / medians["zygote"], 3),
+        "over_spawn": {arm: round(medians[arm] / medians["spawn"], 3) for arm in ARMS},
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"median: forkserver {medians['forkserver']:.1f} s, spawn {medians['spawn']:.1f} s "
-          f"({result['spawn_over_forkserver']:.2f}x), zygote {medians['zygote']:.1f} s "
-          f"(forkserver {result['forkserver_over_zygote']:.2f}x; its preload "
-          f"{preload_s:.1f} s once); wrote {args.out}")  # fmt: skip
+    for arm in ARMS:
+        print(f"median {arm:<16} {medians[arm]:6.1f} s ({result['over_spawn'][arm]:.2f}x spawn)")
+    print(f"zygote preload {preload_s:.1f} s, once per session; wrote {args.out}")
     return 0
 
 

@@ -69,7 +69,7 @@ def enable() -> None:
 def use_fork() -> None:
     """Make SGLang's later `set_start_method("spawn")` select "fork" in this process, for a
     launcher that already imported what SGLang's children run (one forked from a preloaded
-    process: `eval/zygote.py`); `enable` then does nothing. This process runs torch with one
+    process: `sglang_ssd/zygote.py`); `enable` then does nothing. This process runs torch with one
     thread from here on (libgomp is not fork-safe once its pool exists). Children forked from
     here get the thread count back and their multiprocessing start method reset to "spawn",
     so their own children (the DP controller's schedulers) are spawned as SGLang asked, as

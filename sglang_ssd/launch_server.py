@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -214,12 +214,32 @@ def server_args_of(argv: Sequence[str], *, fork_start: bool = False) -> ServerAr
     return prepare_server_args(sglang_argv)
 
 
+def start_speculator_zygote(argv: Sequence[str], environ: MutableMapping[str, str]) -> int | None:
+    """On a machine without CUDA, for SSD (the default algorithm), fork the speculator zygote
+    (`sglang_ssd.zygote.fork_speculator_zygote`) and name its socket in `environ`
+    (`SGLANG_SSD_SPECULATOR_ZYGOTE`, which SGLang's children inherit): the speculator's
+    imports then run beside the target's start-up, and each speculator is forked with them
+    done. Call it first thing: this process must not have run torch on several threads yet.
+    Returns the zygote's pid, or None when not started (CUDA, another algorithm, or
+    `SGLANG_SSD_SPECULATOR_FORK=0`)."""
+    from sglang_ssd import zygote
+
+    algorithm = (_flag_value(argv, "--speculative-algorithm") or DEFAULT_ALGORITHM).upper()
+    if algorithm != "SSD" or environ.get(zygote.SPECULATOR_SWITCH, "1") == "0" or _has_cuda():
+        return None
+    pid, address = zygote.fork_speculator_zygote()
+    environ[zygote.SPECULATOR_ADDRESS_ENV] = address
+    return pid
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    """`server_args_of(argv)`, then run SGLang's server in this process."""
+    """`server_args_of(argv)`, then run SGLang's server in this process (on CPU with the
+    speculator zygote forked first: `start_speculator_zygote`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if "-h" in argv or "--help" in argv:
         _print_help()
         return
+    start_speculator_zygote(argv, os.environ)
     server_args = server_args_of(argv, fork_start=True)
 
     from sglang.launch_server import run_server

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
 import ci_times
 
 from eval import servers as eval_servers
-from eval import zygote
+from sglang_ssd import zygote
 from sglang_ssd.testing.pair_stats import PairStats, check_pair
 from sglang_ssd.testing.trained_pair import make_trained_pair
 
@@ -47,13 +47,45 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         _running.remove(item)
 
 
+SERVER_MARKERS = ("server", "integration", "real")
+# Fixtures that start servers: a test using one (directly or through another fixture) gets the
+# `server` marker at collection; a test that starts one otherwise is marked by hand.
+SERVER_FIXTURES = frozenset(
+    {"tiny_servers", "keyed_pool", "servers", "own_servers", "draws", "tiny_run"}
+)
+
+
+class UnmarkedServerTest(RuntimeError):
+    """A test without a server marker started a server (`make test-unit` would start it)."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.server)
+
+
+def _server_marked(item: pytest.Item) -> bool:
+    return any(item.get_closest_marker(name) for name in SERVER_MARKERS)
+
+
 def _record_server_start(server: eval_servers.Server) -> None:
     """Every `eval.servers.Server` the session starts becomes a `server_start` property of the
     test whose setup started it (name, start-up seconds, that test, the port): JUnit charges a
     shared server to the first test that uses it, so `scripts/ci_times.py` lists each start-up
-    on its own line (`.ci/run` prints it)."""
+    on its own line (`.ci/run` prints it).
+
+    Raises:
+        UnmarkedServerTest: when that test has none of `SERVER_MARKERS` (the server is running
+            and is stopped by its owner, as after any failed start-up).
+    """
     if _running:
         item = _running[-1]
+        if not _server_marked(item):
+            raise UnmarkedServerTest(
+                f"{item.nodeid} started server {server.name!r} without a `server` marker: mark "
+                "the module (pytestmark = pytest.mark.server), so `make test-unit` leaves it out"
+            )
         value = ci_times.server_start_value(
             server.name, server.info["startup_s"], item.nodeid, server.port
         )
@@ -63,23 +95,15 @@ def _record_server_start(server: eval_servers.Server) -> None:
 eval_servers.START_LISTENERS.append(_record_server_start)
 
 _zygote = contextlib.ExitStack()
-SERVER_DIRS = ("tests/integration/", "tests/eval/")
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """When the selected tests start servers (any under `SERVER_DIRS`), start the preloaded
-    zygote now (`eval/zygote.py`): its import of SGLang runs beside the first tests, and every
-    `eval.servers.Server` of the session is then forked from it instead of importing SGLang
-    again (~18 s of CPU a start-up on a 2-core AVX2 EPYC). `SGLANG_SSD_ZYGOTE=0` keeps exec'd
-    launchers; a socket path already in `SGLANG_SSD_ZYGOTE` is used as it is."""
-    if zygote.ADDRESS_ENV in os.environ:
-        return
-    root = session.config.rootpath
-    if not any(
-        item.path.relative_to(root).as_posix().startswith(SERVER_DIRS)
-        for item in session.items
-        if item.path.is_relative_to(root)
-    ):
+    """When the selected tests start servers (any has one of `SERVER_MARKERS`), start the
+    preloaded zygote now (`sglang_ssd/zygote.py`): its import of SGLang runs beside the first tests,
+    and every `eval.servers.Server` of the session is then forked from it instead of importing
+    SGLang again (~18 s of CPU a start-up on a 2-core AVX2 EPYC). `SGLANG_SSD_ZYGOTE=0` keeps
+    exec'd launchers; a socket path already in `SGLANG_SSD_ZYGOTE` is used as it is."""
+    if zygote.ADDRESS_ENV in os.environ or not any(map(_server_marked, session.items)):
         return
     folder = Path(_zygote.enter_context(tempfile.TemporaryDirectory(prefix="zygote-")))
     _zygote.enter_context(zygote.running(folder / "zygote.sock", folder / "zygote.log"))

@@ -46,7 +46,7 @@ if __name__ == "__main__":  # a spawned child imports this file again
     if sys.argv[2] == "on":
         fork_start.enable()
     threads = None
-    if sys.argv[2] == "fork":  # a launcher forked from the preloaded zygote (eval/zygote.py)
+    if sys.argv[2] == "fork":  # a launcher forked from the preloaded zygote (sglang_ssd/zygote.py)
         import torch
 
         threads = torch.get_num_threads()

@@ -23,6 +23,7 @@ from sglang_ssd.placement import pin_process
 from sglang_ssd.speculator import draft_vocab
 from sglang_ssd.speculator.engine import SpeculatorEngine
 from sglang_ssd.speculator.kv_pool import POOL_MEMORY_SHARE
+from sglang_ssd.speculator.parent import parent_alive
 from sglang_ssd.speculator.runtimes import LoadRequest, create_draft_runtime
 from sglang_ssd.speculator.server import SpeculatorServer
 from sglang_ssd.transport import LinkAddress, SpeculatorLink, TransportError
@@ -34,14 +35,14 @@ EXIT_LINK_REFUSED = 3
 
 
 def watch_parent(parent_pid: int, poll_s: float = PARENT_POLL_S) -> threading.Thread:
-    """Exit the process (status 0) once ``parent_pid`` is no longer our parent.
+    """Exit the process (status 0) once process ``parent_pid`` is gone (`parent_alive`).
 
     A daemon thread, because the main thread may be busy for long (loading the model, a draft
     forward) or blocked (a tensor transfer to a target that was SIGKILLed).
     """
 
     def watch() -> None:
-        while os.getppid() == parent_pid:
+        while parent_alive(parent_pid):
             time.sleep(poll_s)
         logger.warning("speculator: parent %d is gone; exiting", parent_pid)
         logging.shutdown()

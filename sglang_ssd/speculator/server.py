@@ -10,7 +10,6 @@ chunk of it. Bad input from the link is logged and answered, never fatal.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -20,6 +19,7 @@ import torch
 
 from sglang_ssd.phases import PhaseTimer
 from sglang_ssd.speculator.engine import OutcomeIn, SpeculatorEngine
+from sglang_ssd.speculator.parent import parent_alive
 from sglang_ssd.speculator.state import Draft
 from sglang_ssd.transport import (
     Close,
@@ -73,7 +73,7 @@ class SpeculatorServer:
             if msg is None:
                 if prefilling:
                     self._advance_prefill()
-                elif os.getppid() != self.parent_pid:
+                elif not parent_alive(self.parent_pid):
                     logger.warning("SSD speculator: parent %d is gone; exiting", self.parent_pid)
                     return
                 continue

@@ -1,8 +1,10 @@
 """Start, watch, fault, restart and stop the speculator process from the target side.
 
-The speculator is a real separate process (`python -m sglang_ssd.speculator`), a child of the
-SGLang scheduler so SGLang's process-tree cleanup reaches it; it also exits by itself when its
-parent disappears. On CPU it gets its own cores; on GPU its own device (`sglang_ssd.placement`).
+The speculator is a real separate process (`python -m sglang_ssd.speculator`) in the server's
+process tree, so SGLang's process-tree cleanup reaches it: on CPU forked from the launcher's
+speculator zygote (`sglang_ssd.zygote`, its imports done at the launcher's start), otherwise a
+child of the SGLang scheduler; it also exits by itself when the scheduler disappears
+(`speculator.parent`). On CPU it gets its own cores; on GPU its own device (`sglang_ssd.placement`).
 `Supervisor` keeps one such process linked: a fault kills it and restarts it in the background,
 with a growing backoff while restarts fail (DESIGN.md §1).
 """
@@ -21,6 +23,7 @@ from contextlib import contextmanager
 import psutil
 import torch
 
+from sglang_ssd import zygote
 from sglang_ssd.config import SSDConfig
 from sglang_ssd.placement import Placement
 from sglang_ssd.transport import LinkAddress, TargetLink, TransportError, TransportTimeout
@@ -55,7 +58,7 @@ class SpeculatorProcess:
         cmd = [
             sys.executable,
             "-m",
-            "sglang_ssd.speculator",
+            zygote.SPECULATOR_MODULE,
             "--address",
             address.to_json(),
             "--model-path",
@@ -80,8 +83,22 @@ class SpeculatorProcess:
             cmd += ["--cpus", ",".join(map(str, placement.cpus))]
             env["OMP_NUM_THREADS"] = str(len(placement.cpus))
         self.placement = placement
-        self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL)
+        self.proc: subprocess.Popen[bytes] | zygote.ZygoteChild = self._start(cmd, env)
         logger.info("SSD: started speculator pid %d on %s", self.proc.pid, placement)
+
+    def _start(
+        self, cmd: list[str], env: dict[str, str]
+    ) -> subprocess.Popen[bytes] | zygote.ZygoteChild:
+        """Fork the speculator from the launcher's speculator zygote when there is one and the
+        device is the CPU (`sglang_ssd.zygote`: its imports are done); exec `cmd` otherwise, or
+        when the zygote cannot be reached (logged)."""
+        address = zygote.address(zygote.SPECULATOR_ADDRESS_ENV)
+        if address is not None and self.placement.device == "cpu":
+            try:
+                return zygote.fork(address, cmd[3:], env)
+            except zygote.ZygoteError as exc:
+                logger.warning("SSD: speculator zygote unusable (%s); starting one cold", exc)
+        return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL)
 
     @property
     def pid(self) -> int:

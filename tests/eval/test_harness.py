@@ -330,6 +330,7 @@ def test_failed_start_raises_with_log_and_cleans_up(tmp_path: Path) -> None:
     assert os.path.getsize(tmp_path / "bad.log") > 0
 
 
+@pytest.mark.server
 def test_port_taken_before_bind_is_retried_on_another_port(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -107,6 +107,7 @@ def test_shared_server_units_apply_their_settings(
     assert asked == [["AR", "SSD β=1"]] and fake_servers["started"] == ["AR", "SSD"]
 
 
+@pytest.mark.server
 def test_live_beta_points_share_one_server(
     tiny_target: Path, tiny_draft: Path, tmp_path: Path
 ) -> None:

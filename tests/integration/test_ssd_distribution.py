@@ -167,6 +167,7 @@ def test_statistic_rejects_broken_verifiers(pair: Pair, bug: str | None) -> None
         assert result.rejects, (result, tv)
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("name", CONFIGS)
 def test_first_tokens_match_the_target(
     pair: Pair, request: pytest.FixtureRequest, name: str
@@ -180,6 +181,7 @@ def test_first_tokens_match_the_target(
     assert not result.rejects, detail
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("name", list(SSD_CONFIGS))
 def test_ssd_rounds_hit_every_verify_outcome(request: pytest.FixtureRequest, name: str) -> None:
     """The samples above came through SSD rounds with rejections (k = 0, 1), all-accepted

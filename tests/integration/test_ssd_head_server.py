@@ -47,6 +47,10 @@ def servers(
         # Every miss drafted by the head just in time (`auto` picks n-grams at batch 1 once it
         # has measured this weak head), so every round measures the head.
         *("--ssd-backup", "jit"),
+        # Depth pinned at γ: self-tuned, D follows the speculator's speed against the target's
+        # on this machine (D = 1 on an AMX Xeon, where a hit carries at most 2 tokens), and the
+        # accept length would measure the machine rather than the head.
+        *("--ssd-tree-depth", "4"),
     ]
     with Server("head", ssd_args(tiny_target, head, flags), log_path=logs / "head.log") as ssd:
         yield {"ar": tiny_servers["ar"], "head": ssd}

@@ -16,7 +16,6 @@ from __future__ import annotations
 import concurrent.futures as cf
 from pathlib import Path
 
-import psutil
 import pytest
 import requests
 from pair_servers import router, ssd_stats
@@ -24,6 +23,7 @@ from tiny_servers import ssd_args
 
 from eval.servers import Server
 from sglang_ssd.testing.greedy import transformers_greedy
+from sglang_ssd.testing.processes import speculators
 from sglang_ssd.testing.tiny_models import tokenize
 
 pytestmark = pytest.mark.integration
@@ -80,10 +80,5 @@ def test_router_over_dp_and_single_servers_is_lossless(servers, tiny_target: Pat
 
 
 def test_each_dp_replica_has_its_own_speculator(servers) -> None:
-    launcher = psutil.Process(servers["dp"].proc.pid)
-    ranks = []
-    for p in launcher.children(recursive=True):
-        cmdline = p.cmdline()
-        if "sglang_ssd.speculator" in cmdline:
-            ranks.append(int(cmdline[cmdline.index("--dp-rank") + 1]))
+    ranks = [int(found.arg("--dp-rank")) for found in speculators(servers["dp"].proc.pid)]
     assert sorted(ranks) == [0, 1], ranks

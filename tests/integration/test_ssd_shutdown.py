@@ -25,19 +25,18 @@ from keyed_servers import KeyedPool, KeyedServer
 from tiny_servers import ssd_args
 
 from eval.servers import Server, free_port, port_is_free
+from sglang_ssd.testing.processes import speculators
 
 STOP_WAIT_S = 30.0
 KEYED = {signal.SIGTERM: "api", signal.SIGINT: "admin"}  # the keyed server each signal stops
 _freed: list[int] = []  # HTTP ports of the servers stopped so far: the Ctrl-C server reuses one
 
 
-def _speculator_link(processes: list[psutil.Process]) -> tuple[psutil.Process, dict[str, Any]]:
+def _speculator_link(launcher: int) -> tuple[psutil.Process, dict[str, Any]]:
     """The speculator process and the `LinkAddress` it was started with."""
-    for proc in processes:
-        cmdline = proc.cmdline()
-        if "sglang_ssd.speculator" in cmdline:
-            return proc, json.loads(cmdline[cmdline.index("--address") + 1])
-    raise AssertionError(f"no speculator among {[p.name() for p in processes]}")
+    found = speculators(launcher)
+    assert found, f"no speculator under the launcher {launcher}"
+    return found[0].process, json.loads(found[0].arg("--address"))
 
 
 def _running(pid: int) -> bool:
@@ -89,7 +88,7 @@ def test_signal_stops_everything_and_frees_the_ports(
         children = psutil.Process(launcher).children(recursive=True)
         names = {p.name() for p in children}
         assert {"sglang::scheduler", "sglang::detokenizer"} <= names, names
-        speculator, link = _speculator_link(children)
+        speculator, link = _speculator_link(launcher)
         keyed.generate(16, prompt="hello")
 
         if how == "group":

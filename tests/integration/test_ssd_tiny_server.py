@@ -15,16 +15,17 @@ import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-import psutil
 import pytest
 import requests
 from tiny_servers import TINY_FLAGS
 from transformers import AutoConfig, AutoTokenizer
 
 from eval.servers import Server, started_together
+from sglang_ssd import zygote
 from sglang_ssd.build.vocab import count_ids, top_ids
 from sglang_ssd.speculator import draft_vocab
 from sglang_ssd.testing.corpus import tiny_corpus
+from sglang_ssd.testing.processes import speculators
 
 VOCAB = 40  # `--ssd-draft-vocab` of the "sync-vocab" server: 40 of the tiny tokenizer's 96 tokens
 PROMPTS = ["hello world", "def f(x): return", "abcabcabcabc", "the quick brown fox", "zzz", "1"]
@@ -127,14 +128,14 @@ def test_sampling_runs_and_stops_at_max_tokens(servers):
 
 
 def test_speculator_is_a_separate_process_on_disjoint_cores(servers):
-    server = psutil.Process(servers["ssd"].proc.pid)
-    children = server.children(recursive=True)
-    speculators = [p for p in children if "sglang_ssd.speculator" in " ".join(p.cmdline())]
-    assert len(speculators) == 1
-    scheduler = speculators[0].parent()
-    assert scheduler.pid != servers["ssd"].proc.pid
+    found = speculators(servers["ssd"].proc.pid)
+    assert len(found) == 1
+    scheduler = found[0].target
+    assert scheduler.pid != servers["ssd"].proc.pid and "scheduler" in scheduler.name()
+    # Forked from the launcher's speculator zygote, its imports done (`sglang_ssd.zygote`).
+    assert zygote.argv_of(found[0].process.ppid()) == [zygote.TITLE]
     target_cpus = set(os.sched_getaffinity(scheduler.pid))
-    draft_cpus = set(os.sched_getaffinity(speculators[0].pid))
+    draft_cpus = set(os.sched_getaffinity(found[0].process.pid))
     assert target_cpus and draft_cpus and not target_cpus & draft_cpus
 
 

@@ -13,13 +13,13 @@ from __future__ import annotations
 import concurrent.futures as cf
 from pathlib import Path
 
-import psutil
 import pytest
 import requests
 from tiny_servers import ssd_args
 
 from eval.servers import Server
 from sglang_ssd.testing import check_greedy
+from sglang_ssd.testing.processes import speculators
 from sglang_ssd.testing.tiny_models import tokenize
 
 PROMPTS = ["def add(a, b):", "The quick brown fox", "for i in range(10):", "class Stack:"]
@@ -75,7 +75,6 @@ def test_tp2_sampling_runs_to_max_tokens(servers):
 
 
 def test_one_speculator_for_the_tp_group_under_rank_0(servers):
-    children = psutil.Process(servers["ssd"].proc.pid).children(recursive=True)
-    speculators = [p for p in children if "sglang_ssd.speculator" in " ".join(p.cmdline())]
-    assert len(speculators) == 1
-    assert "TP0" in speculators[0].parent().name()
+    found = speculators(servers["ssd"].proc.pid)
+    assert len(found) == 1
+    assert "TP0" in found[0].target.name()

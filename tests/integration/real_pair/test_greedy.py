@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 
-import psutil
 import pytest
 import requests
 
@@ -26,6 +25,7 @@ from eval.lossless import continuation
 from eval.servers import Server
 from sglang_ssd.testing import check_greedy
 from sglang_ssd.testing.greedy import generate_greedy, in_child
+from sglang_ssd.testing.processes import speculators
 
 from .pair import humaneval_ids
 from .same_output import report_divergences
@@ -88,16 +88,11 @@ def test_ssd_greedy_matches_ar_and_speculates(pair, prompts, ar_server, ssd_serv
     expected = [r["output_ids"] for r in _greedy(ar_server, prompts, SSD_TOKENS)]
     results = _greedy(ssd_server, prompts, SSD_TOKENS)
     stats = requests.get(f"{ssd_server.url}/ssd/stats", timeout=60).json()
-    launcher = psutil.Process(ssd_server.proc.pid)
-    speculators = [
-        p
-        for p in launcher.children(recursive=True)
-        if "sglang_ssd.speculator" in " ".join(p.cmdline())
-    ]
-    assert len(speculators) == 1, "the speculator must be its own process"
-    scheduler = speculators[0].parent()
+    found = speculators(ssd_server.proc.pid)
+    assert len(found) == 1, "the speculator must be its own process"
+    scheduler = found[0].target
     target_cpus = set(os.sched_getaffinity(scheduler.pid))
-    draft_cpus = set(os.sched_getaffinity(speculators[0].pid))
+    draft_cpus = set(os.sched_getaffinity(found[0].process.pid))
     got = [r["output_ids"] for r in results]
     check = check_greedy(pair[0], prompts, expected, got, continue_ar=continuation(ar_server.url))
     report_divergences("SSD vs AR", check)

@@ -1,29 +1,35 @@
-"""A preloaded launcher that forks servers: start-ups without the import of SGLang each time.
+"""A preloaded process that forks children: start-ups without importing SGLang, torch and
+transformers each time (CPU only: CUDA state must never be forked).
 
 On a 2-core CPU a tiny server's start-up is mostly imports: the launcher imports SGLang, torch
-and transformers (~18 s of CPU), then its scheduler and detokenizer need the same modules again
-(the forkserver of `sglang_ssd.fork_start` preloads them beside the launcher). A test session or
-a benchmark that starts twenty servers pays that twenty times. The zygote pays it once:
+and transformers (~18 s of CPU), its scheduler and detokenizer need the same modules again (the
+forkserver of `sglang_ssd.fork_start` preloads them beside the launcher), and the speculator
+imports torch and transformers once more (~9 s). A zygote imports once and forks:
 
-- `python -m eval.zygote --socket PATH` imports the launcher and the modules SGLang's children
-  run (`PRELOAD`), with `SGLANG_USE_CPU_ENGINE=1` set first (SGLang reads it at import time),
-  then waits on a Unix socket.
-- `Server` (eval/servers.py) asks it to start a launcher when `SGLANG_SSD_ZYGOTE` names that
-  socket (`ADDRESS_ENV`). The zygote forks; the child becomes a session leader, writes to the
-  server's log, takes the caller's whole environment, working directory and CPU affinity,
-  sets torch's thread count from `OMP_NUM_THREADS` (torch read it at import), and runs
-  `python -m sglang_ssd.launch_server ARGS` in-process. SGLang's scheduler and detokenizer are
-  then forked from that child (`fork_start.use_fork`): they find everything imported.
+- `python -m sglang_ssd.zygote --socket PATH [--preload M,...] [--module M]` imports the
+  `--preload` modules with `SGLANG_USE_CPU_ENGINE=1` set first (SGLang reads it at import
+  time), then waits on a Unix socket. For each request it forks a child that takes the
+  caller's whole environment, working directory and CPU affinity (and, if asked, becomes a
+  session leader writing to a log file), sets torch's thread count from `OMP_NUM_THREADS`
+  (torch read it when the zygote imported it), sets its process title to the command line an
+  exec would have shown, and runs `python -m MODULE ARGS` in-process.
 - The child's pid comes back to the caller; the zygote reaps its children and answers polls
   for their exit status, so `ZygoteChild` stands in for `subprocess.Popen`.
 
-What the server then runs is the same code as after an exec; only what was imported before
-the fork differs (module-level state computed at import sees the zygote's environment: CPU
-only, `SGLANG_USE_CPU_ENGINE=1`). Measured start-up seconds of exec'd launchers come from
-`python -m eval.startup`, which never uses the zygote. The tests use it (tests/conftest.py
-starts one per session); `SGLANG_SSD_ZYGOTE=0` in the environment turns that off.
+Two zygotes use this:
+- **Servers** (`LAUNCHER_MODULE`, `PRELOAD`): `eval.servers.Server` forks its launcher from
+  the zygote `SGLANG_SSD_ZYGOTE` names (`ADDRESS_ENV`); tests/conftest.py starts one per test
+  session. SGLang's scheduler and detokenizer are then forked from the launcher
+  (`fork_start.use_fork`). `python -m eval.startup` times exec'd launchers against it.
+- **Speculators** (`SPECULATOR_MODULE`, `SPECULATOR_PRELOAD`): on CPU the SSD launcher forks
+  one at its start (`launch_server`), so the speculator's imports run beside the target's
+  start-up instead of after it; the SSD worker forks each speculator (and each restart) from
+  it (`SPECULATOR_ADDRESS_ENV`, set for SGLang's children; `SGLANG_SSD_SPECULATOR_FORK=0`
+  turns it off and execs `python -m sglang_ssd.speculator` as before).
 
-The zygote exits when its parent does, and on SIGTERM.
+What a child runs is the same code as after an exec; only what was imported before the fork
+differs (module-level state computed at import sees the zygote's environment). A zygote exits
+when its parent does, and on SIGTERM.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import json
 import os
 import runpy
 import selectors
+import shlex
 import signal
 import socket
 import subprocess
@@ -59,7 +66,15 @@ PRELOAD = (
     "sglang_ssd.integration.registration",
     "sglang_ssd.integration.hooks",
 )
-READY = b"ready\n"
+SPECULATOR_MODULE = "sglang_ssd.speculator"
+SPECULATOR_PRELOAD = (
+    "sglang_ssd.fork_start",
+    "sglang_ssd.speculator.__main__",
+    "sglang_ssd.speculator.int8_model",
+)
+SPECULATOR_ADDRESS_ENV = "SGLANG_SSD_SPECULATOR_ZYGOTE"
+SPECULATOR_SWITCH = "SGLANG_SSD_SPECULATOR_FORK"
+TITLE = "sglang_ssd::zygote"
 POLL_S = 0.5
 
 
@@ -67,9 +82,10 @@ class ZygoteError(RuntimeError):
     """The zygote could not be reached, or refused a start."""
 
 
-def address() -> str | None:
-    """The socket path of the zygote servers should be forked from, or None (unset or "0")."""
-    value = os.environ.get(ADDRESS_ENV, "")
+def address(name: str = ADDRESS_ENV) -> str | None:
+    """The socket path the environment variable `name` gives (default: the servers' zygote),
+    or None (unset or "0")."""
+    value = os.environ.get(name, "")
     return None if value in ("", "0") else value
 
 
@@ -90,7 +106,7 @@ def _ask(path: str, request: Mapping[str, Any], timeout_s: float = 600.0) -> dic
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout_s)
         try:
-            s.connect(path)
+            s.connect(_socket_name(path))
             s.sendall(json.dumps(request).encode() + b"\n")
             reply = _read_line(s)
         except OSError as exc:
@@ -104,8 +120,9 @@ def _ask(path: str, request: Mapping[str, Any], timeout_s: float = 600.0) -> dic
 
 
 class ZygoteChild:
-    """A launcher forked by the zygote, with the part of `subprocess.Popen`'s interface that
-    `Server` uses: `pid`, `returncode`, `poll`, `wait`, `send_signal`, `kill`."""
+    """A process forked by a zygote, with the part of `subprocess.Popen`'s interface that
+    `eval.servers.Server` and the speculator's supervisor use: `pid`, `returncode`, `poll`,
+    `wait`, `send_signal`, `terminate`, `kill`."""
 
     def __init__(self, path: str, pid: int) -> None:
         self.path = path
@@ -114,8 +131,9 @@ class ZygoteChild:
 
     def poll(self) -> int | None:
         """The exit status (negative: killed by that signal) once the zygote reaped the
-        process, else None. Raises `ZygoteError` when the zygote cannot be reached."""
-        if self.returncode is None:
+        process, else None; asks the zygote only once the process no longer runs (a running
+        one is seen in /proc). Raises `ZygoteError` when the zygote cannot be reached."""
+        if self.returncode is None and not _running(self.pid):
             self.returncode = _ask(self.path, {"poll": self.pid})["returncode"]
         return self.returncode
 
@@ -124,7 +142,7 @@ class ZygoteChild:
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.poll() is None:
             if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(LAUNCHER_MODULE, timeout or 0.0)
+                raise subprocess.TimeoutExpired(f"zygote child {self.pid}", timeout or 0.0)
             time.sleep(0.1)
         assert self.returncode is not None
         return self.returncode
@@ -134,19 +152,57 @@ class ZygoteChild:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, sig)
 
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
 
 
-def fork_launcher(
+def argv_of(pid: int) -> list[str]:
+    """Process `pid`'s command line: its argv, or for a child forked from a zygote (one string,
+    the title `shlex.join` made of the argv an exec would have had) that argv. Empty if the
+    process is gone.
+
+    Note: a title longer than the memory setproctitle finds (the zygote's own argv and
+    environment) is cut short; a speculator's (~1 kB) fits any ordinary environment.
+    """
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return []
+    fields = raw.rstrip(b"\0").split(b"\0")
+    if len(fields) > 1:
+        return [f.decode(errors="replace") for f in fields]
+    try:
+        return shlex.split(fields[0].decode(errors="replace").rstrip(" "))
+    except ValueError:  # a cut-short title
+        return fields[0].decode(errors="replace").split()
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` exists and is not a zombie (its state in /proc/PID/stat)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] != b"Z"
+
+
+def fork(
     path: str,
     args: Sequence[str],
     env: Mapping[str, str],
-    log_path: Path,
+    log_path: Path | None = None,
     cpus: Sequence[int] | None = None,
 ) -> ZygoteChild:
-    """Have the zygote at `path` start `python -m sglang_ssd.launch_server ARGS` with `env`
-    (the whole environment), stdout and stderr appended to `log_path`, pinned to `cpus`.
+    """Have the zygote at `path` start `python -m MODULE ARGS` (its module) with `env` (the
+    whole environment) and the caller's working directory, pinned to `cpus`. With `log_path`
+    the child leads a session of its own and appends stdout and stderr there (a server);
+    without, it stays in the zygote's process group and writes where the zygote does (a
+    speculator, in its server's group and log).
 
     Raises:
         ZygoteError: when the zygote cannot be reached or fails to fork.
@@ -155,7 +211,7 @@ def fork_launcher(
         "args": list(args),
         "env": dict(env),
         "cwd": os.getcwd(),
-        "log": str(log_path),
+        "log": None if log_path is None else str(log_path),
         "cpus": sorted(set(cpus)) if cpus else None,
     }
     return ZygoteChild(path, int(_ask(path, request)["pid"]))
@@ -179,7 +235,7 @@ def running(
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             [
-                *(sys.executable, "-m", "eval.zygote", "--socket", str(path)),
+                *(sys.executable, "-m", "sglang_ssd.zygote", "--socket", str(path)),
                 *("--preload", ",".join(preload), "--module", module),
             ],
             stdout=log,
@@ -203,18 +259,54 @@ def running(
             proc.wait()
 
 
+def fork_speculator_zygote() -> tuple[int, str]:
+    """Fork a speculator zygote (`SPECULATOR_PRELOAD`, `SPECULATOR_MODULE`) from this process,
+    which must not have run torch on more than one thread yet (libgomp is not fork-safe once
+    its pool exists: call this first thing). It listens on an abstract Unix socket (no file to
+    clean up), bound here before the fork, so a request sent before its preload is done waits
+    for it; it inherits this process's output and group and exits with it.
+
+    Returns:
+        (its pid, its address for `fork`: "@name", an abstract socket).
+    """
+    name = f"@sglang-ssd-speculators-{os.getpid()}-{os.urandom(4).hex()}"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(_socket_name(name))
+    listener.listen(64)
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            serve_on(listener, SPECULATOR_PRELOAD, SPECULATOR_MODULE)
+        except SystemExit:
+            pass
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        finally:
+            os._exit(code)
+    listener.close()
+    return pid, name
+
+
+def _socket_name(address: str) -> str:
+    """The `socket` address of `address`: "@name" is the abstract socket "\\0name"."""
+    return "\0" + address[1:] if address.startswith("@") else address
+
+
 # ------------------------------------------------------------------------------ zygote side
 def _run_child(request: Mapping[str, Any], module: str) -> int:
     """In the forked child: set up what the request describes and run `module` as
     `__main__`; its exit status."""
-    os.setsid()
-    fd = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
     os.close(null)
+    if request["log"] is not None:
+        os.setsid()
+        fd = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
     os.environ.clear()
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
@@ -224,9 +316,12 @@ def _run_child(request: Mapping[str, Any], module: str) -> int:
     if torch is not None:  # it read OMP_NUM_THREADS when the zygote imported it
         threads = os.environ.get("OMP_NUM_THREADS", "")
         torch.set_num_threads(int(threads) if threads.isdigit() else len(os.sched_getaffinity(0)))
-    from sglang_ssd import fork_start
+    # The command line an exec would have shown, quoted so that `argv_of` gets it back.
+    _set_title(shlex.join([sys.executable, "-m", module, *request["args"]]))
+    if module == LAUNCHER_MODULE:
+        from sglang_ssd import fork_start
 
-    fork_start.use_fork()
+        fork_start.use_fork()
     sys.argv = [module, *request["args"]]
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
@@ -239,6 +334,15 @@ def _run_child(request: Mapping[str, Any], module: str) -> int:
     except BaseException:
         traceback.print_exc()
         return 1
+
+
+def _set_title(title: str) -> None:
+    """This process's title (`ps`, `/proc/PID/cmdline`), if setproctitle is installed."""
+    try:
+        import setproctitle
+    except ImportError:
+        return
+    setproctitle.setproctitle(title)
 
 
 def _fork(
@@ -270,32 +374,38 @@ def serve(path: Path, preload: Sequence[str] = PRELOAD, module: str = LAUNCHER_M
     """Import `preload`, then fork a child per request on the Unix socket `path` that runs
     `module` as `__main__` with the request's args, until SIGTERM or until the parent process
     is gone."""
-    parent = os.getppid()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+            # Bound before the preload: a request sent meanwhile waits in the backlog.
+            listener.bind(str(path))
+            listener.listen(64)
+            serve_on(listener, preload, module)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def serve_on(listener: socket.socket, preload: Sequence[str], module: str) -> None:
+    """`serve` on a bound, listening Unix socket."""
+    parent = os.getppid()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     exited: dict[int, int] = {}
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
-        # Bound before the preload: a request sent meanwhile waits in the backlog.
-        listener.bind(str(path))
-        listener.listen(64)
-        os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
-        started = time.monotonic()
-        for name in preload:
-            __import__(name)
-        print(f"zygote: preloaded in {time.monotonic() - started:.1f} s", flush=True)
-        selector = selectors.DefaultSelector()
-        selector.register(listener, selectors.EVENT_READ)
-        try:
-            while os.getppid() == parent:
-                for _key, _ in selector.select(POLL_S):
-                    conn, _ = listener.accept()
-                    with conn:
-                        _answer(conn, listener, exited, module)
-                _reap(exited)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+    os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+    started = time.monotonic()
+    for name in preload:
+        __import__(name)
+    _set_title(TITLE)
+    print(f"zygote: preloaded in {time.monotonic() - started:.1f} s", flush=True)
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ)
+    while os.getppid() == parent:
+        for _key, _ in selector.select(POLL_S):
+            conn, _ = listener.accept()
+            with conn:
+                _answer(conn, listener, exited, module)
+        _reap(exited)
 
 
 def _answer(
@@ -331,8 +441,9 @@ def _reap(exited: dict[int, int]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m eval.zygote --socket PATH`; returns 0 after SIGTERM or the parent's exit."""
-    parser = argparse.ArgumentParser(prog="python -m eval.zygote", description=__doc__)
+    """`python -m sglang_ssd.zygote --socket PATH`; returns 0 after SIGTERM or the parent's
+    exit."""
+    parser = argparse.ArgumentParser(prog="python -m sglang_ssd.zygote", description=__doc__)
     parser.add_argument("--socket", type=Path, required=True, help="Unix socket path to serve")
     parser.add_argument(
         "--preload",

@@ -1,5 +1,5 @@
-"""`eval.zygote`: a child forked from the preloaded zygote is set up as an exec'd process would
-be (arguments, the caller's environment and working directory, CPU affinity, its own session,
+"""`sglang_ssd.zygote`: a child forked from a preloaded zygote is set up as an exec'd process
+would be (arguments, the caller's environment and working directory, CPU affinity, its own session,
 torch's thread count), and its exit status comes back as `subprocess.Popen`'s would. A probe
 module stands in for the launcher (the integration tests start every server through it)."""
 
@@ -10,13 +10,13 @@ import os
 import signal
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
 
-from eval import zygote
+from sglang_ssd import zygote
 
 PROBE = textwrap.dedent(
     """
@@ -72,7 +72,7 @@ def test_a_child_gets_the_callers_args_environment_folder_and_cpus(
     monkeypatch.chdir(work)
     log = tmp_path / "child.log"
     env = {**os.environ, "PROBE": "from the caller"}
-    child = zygote.fork_launcher(sock, ["3", "--flag"], env, log, cpus=[0])
+    child = zygote.fork(sock, ["3", "--flag"], env, log, cpus=[0])
     assert child.wait(60) == 3 and child.poll() == 3
     report = _report(log)
     assert report["argv"] == ["3", "--flag"]
@@ -83,14 +83,23 @@ def test_a_child_gets_the_callers_args_environment_folder_and_cpus(
     assert report["ppid"] == proc.pid
 
 
-def test_a_signalled_child_reports_minus_the_signal(plain: tuple, tmp_path: Path) -> None:
+def test_a_signalled_child_reports_minus_the_signal_and_shows_its_command_line(
+    plain: tuple, tmp_path: Path
+) -> None:
     sock, _ = plain
     log = tmp_path / "child.log"
-    child = zygote.fork_launcher(sock, ["sleep"], dict(os.environ), log)
+    address = json.dumps({"session": "a b", "port": 1})  # spaces and quotes survive the title
+    child = zygote.fork(sock, ["sleep", "--address", address], dict(os.environ), log)
+    deadline = time.monotonic() + 60
+    while not log.exists() or not log.read_text().strip():
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
     assert child.poll() is None
-    psutil.Process(child.pid)  # alive
+    argv = zygote.argv_of(child.pid)
+    assert argv == [sys.executable, "-m", "zygote_probe", "sleep", "--address", address]
     child.kill()
     assert child.wait(60) == -signal.SIGKILL
+    assert zygote.argv_of(child.pid) == []
 
 
 def test_torch_threads_follow_the_childs_omp_num_threads(
@@ -102,10 +111,10 @@ def test_torch_threads_follow_the_childs_omp_num_threads(
     for sock, _ in _zygote(tmp_path, monkeypatch, "torch"):
         log = tmp_path / "child.log"
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        assert zygote.fork_launcher(sock, ["0"], env, log).wait(120) == 0
+        assert zygote.fork(sock, ["0"], env, log).wait(120) == 0
         assert _report(log)["threads"] == 1
 
 
 def test_unreachable_zygote_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(zygote.ZygoteError, match="zygote at"):
-        zygote.fork_launcher(str(tmp_path / "none.sock"), [], {}, tmp_path / "x.log")
+        zygote.fork(str(tmp_path / "none.sock"), [], {}, tmp_path / "x.log")
