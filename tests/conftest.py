@@ -22,10 +22,8 @@ os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
 # when triton is first imported (it jits its own helpers then). Some test modules import SGLang,
 # which imports triton, and may be collected first: import it here, before any of them.
 sys.path.insert(0, str(Path(__file__).parent / "kernels"))
+import server_markers
 import sglang_source  # noqa: F401
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
-import ci_times
 
 from eval import servers as eval_servers
 from sglang_ssd import zygote
@@ -35,75 +33,36 @@ from sglang_ssd.testing.trained_pair import make_trained_pair
 if TYPE_CHECKING:
     from keyed_servers import KeyedPool
 
-_running: list[pytest.Item] = []  # the test this process sets up, runs or tears down
-
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    _running.append(item)
+    server_markers.running.append(item)
     try:
         return (yield)
     finally:
-        _running.remove(item)
+        server_markers.running.remove(item)
 
 
-SERVER_MARKERS = ("server", "integration", "real")
-# Fixtures that start servers: a test using one (directly or through another fixture) gets the
-# `server` marker at collection; a test that starts one otherwise is marked by hand.
-SERVER_FIXTURES = frozenset(
-    {"tiny_servers", "keyed_pool", "servers", "own_servers", "draws", "tiny_run"}
-)
-
-
-class UnmarkedServerTest(RuntimeError):
-    """A test without a server marker started a server (`make test-unit` would start it)."""
-
-
+@pytest.hookimpl(trylast=True)  # after a shuffling plugin's reorder
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.server)
+    server_markers.mark_server_tests(items)
+    server_markers.real_pair_first(items)
 
 
-def _server_marked(item: pytest.Item) -> bool:
-    return any(item.get_closest_marker(name) for name in SERVER_MARKERS)
-
-
-def _record_server_start(server: eval_servers.Server) -> None:
-    """Every `eval.servers.Server` the session starts becomes a `server_start` property of the
-    test whose setup started it (name, start-up seconds, that test, the port): JUnit charges a
-    shared server to the first test that uses it, so `scripts/ci_times.py` lists each start-up
-    on its own line (`.ci/run` prints it).
-
-    Raises:
-        UnmarkedServerTest: when that test has none of `SERVER_MARKERS` (the server is running
-            and is stopped by its owner, as after any failed start-up).
-    """
-    if _running:
-        item = _running[-1]
-        if not _server_marked(item):
-            raise UnmarkedServerTest(
-                f"{item.nodeid} started server {server.name!r} without a `server` marker: mark "
-                "the module (pytestmark = pytest.mark.server), so `make test-unit` leaves it out"
-            )
-        value = ci_times.server_start_value(
-            server.name, server.info["startup_s"], item.nodeid, server.port
-        )
-        item.user_properties.append((ci_times.SERVER_PROPERTY, value))
-
-
-eval_servers.START_LISTENERS.append(_record_server_start)
+eval_servers.START_LISTENERS.append(server_markers.record_server_start)
 
 _zygote = contextlib.ExitStack()
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """When the selected tests start servers (any has one of `SERVER_MARKERS`), start the
-    preloaded zygote now (`sglang_ssd/zygote.py`): its import of SGLang runs beside the first tests,
-    and every `eval.servers.Server` of the session is then forked from it instead of importing
-    SGLang again (~18 s of CPU a start-up on a 2-core AVX2 EPYC). `SGLANG_SSD_ZYGOTE=0` keeps
-    exec'd launchers; a socket path already in `SGLANG_SSD_ZYGOTE` is used as it is."""
-    if zygote.ADDRESS_ENV in os.environ or not any(map(_server_marked, session.items)):
+    """When the selected tests start servers (any has a server marker: `server_markers`), start
+    the preloaded zygote now (`sglang_ssd/zygote.py`): its import of SGLang runs beside the
+    first tests, and every `eval.servers.Server` of the session is then forked from it instead
+    of importing SGLang again (~18 s of CPU a start-up on a 2-core AVX2 EPYC).
+    `SGLANG_SSD_ZYGOTE=0` keeps exec'd launchers; a socket path already in `SGLANG_SSD_ZYGOTE`
+    is used as it is."""
+    starts_servers = any(map(server_markers.server_marked, session.items))
+    if zygote.ADDRESS_ENV in os.environ or not starts_servers:
         return
     folder = Path(_zygote.enter_context(tempfile.TemporaryDirectory(prefix="zygote-")))
     _zygote.enter_context(zygote.running(folder / "zygote.sock", folder / "zygote.log"))
@@ -163,9 +122,13 @@ def tiny_eagle3_head(
     tiny_target: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[Path, dict]:
     """(folder, manifest) of an EAGLE-3 head trained for the tiny target by our trainer
-    (`sglang_ssd.build.eagle3_head`, 1000 steps on procedural text: ~40 s alone). The target has 2
-    layers, so the head reads 2 features: the embeddings and layer 1's input (aux ids -1 and
-    0)."""
+    (`sglang_ssd.build.eagle3_head`, 3000 steps on procedural text: 33 s of training on the AMX
+    Xeon). The target has 2 layers, so the head reads 2 features: the embeddings and layer 1's
+    input (aux ids -1 and 0). Served accept length (tests/integration/test_ssd_head_server.py,
+    bar 1.2) on the AMX Xeon by steps: 1000: 1.20, 1500: 1.19, 2000: 1.23, 2500: 1.29, 3000:
+    1.36 (the offline γ-chain accept length stays 2.0-2.3 throughout: it reads the target's
+    features at every position, while a served draft feeds back its own hidden past the last
+    verified token)."""
     from sglang_ssd.build import eagle3_head, train
     from sglang_ssd.testing.corpus import tiny_corpus
 
@@ -175,7 +138,7 @@ def tiny_eagle3_head(
     # uses it, is the same however loaded the machine is.
     spec = eagle3_head.BuildSpec(
         minutes=4.0, draft_vocab=64, seq_len=128, heldout_chars=8000, aux_layer_ids=(-1, 0),
-        milestones=(0.15,), train=train.TrainSpec(lr=3e-3, warmup=10, max_steps=1000),
+        milestones=(0.15,), train=train.TrainSpec(lr=3e-3, warmup=10, max_steps=3000),
     )  # fmt: skip
     return out, eagle3_head.build(tiny_target, out, spec, texts=texts, progress=False)
 

@@ -1,13 +1,14 @@
 """A test that starts a server carries a server marker (`server`, `integration` or `real`), so
 `make test-unit` (`-m "not integration and not real and not server"`) starts none: the session
-fails the test that started an unmarked one (tests/conftest.py), here with a stand-in server."""
+fails the test that started an unmarked one (tests/server_markers.py), here with a stand-in
+server."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-import conftest
 import pytest
+import server_markers
 
 
 def _server() -> SimpleNamespace:
@@ -15,15 +16,15 @@ def _server() -> SimpleNamespace:
 
 
 def _record_as(item: pytest.Item) -> None:
-    conftest._running.append(item)
+    server_markers.running.append(item)
     try:
-        conftest._record_server_start(_server())
+        server_markers.record_server_start(_server())
     finally:
-        conftest._running.remove(item)
+        server_markers.running.remove(item)
 
 
 def test_an_unmarked_test_that_starts_a_server_fails(request: pytest.FixtureRequest) -> None:
-    with pytest.raises(conftest.UnmarkedServerTest, match="without a `server` marker"):
+    with pytest.raises(server_markers.UnmarkedServerTest, match="without a `server` marker"):
         _record_as(request.node)
     assert not request.node.user_properties
 
@@ -31,4 +32,18 @@ def test_an_unmarked_test_that_starts_a_server_fails(request: pytest.FixtureRequ
 @pytest.mark.server
 def test_a_marked_test_records_the_start_up(request: pytest.FixtureRequest) -> None:
     _record_as(request.node)
-    assert [name for name, _ in request.node.user_properties] == [conftest.ci_times.SERVER_PROPERTY]
+    names = [name for name, _ in request.node.user_properties]
+    assert names == [server_markers.ci_times.SERVER_PROPERTY]
+
+
+def test_the_real_pair_smoke_moves_first_keeping_each_groups_order() -> None:
+    ids = [
+        "tests/eval/test_sweep.py::b",
+        "tests/integration/real_pair/test_options.py::x",
+        "tests/test_zygote.py::a",
+        "tests/integration/real_pair/test_greedy.py::y",
+        "tests/integration/test_ssd_api.py::c",
+    ]
+    items = [SimpleNamespace(nodeid=nodeid) for nodeid in ids]
+    server_markers.real_pair_first(items)  # type: ignore[arg-type]
+    assert [item.nodeid for item in items] == [ids[1], ids[3], ids[0], ids[2], ids[4]]
