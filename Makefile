@@ -33,8 +33,9 @@ test-unit: install
 	$(VPY) -m pytest -m "not integration and not real and not server" $(PYTEST_ARGS)
 
 # CI's suite: every test but the real-pair checks marked `real` (deselected, not skipped). One
-# process, tests in file order: several checks time the speculator against the target (accept
-# lengths, hit rates, stalls) and need the machine to themselves.
+# process, tests in file order except the real pair's smoke, which runs first: several checks
+# time the speculator against the target (accept lengths, hit rates, stalls) and need the
+# machine to themselves.
 test: lint models
 	$(VPY) -m pytest -m "not real" $(PYTEST_ARGS)
 

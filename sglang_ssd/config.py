@@ -558,7 +558,7 @@ def add_ssd_args(parser: argparse.ArgumentParser) -> None:
     for name, flag in FLAGS.items():
         if not flag.cli:
             continue
-        shown = flag.help
+        shown = re.sub(r"%(?!\()", "%%", flag.help)  # argparse %-formats every help text
         if not flag.switch and flag.default is not None and "%(default)" not in shown:
             shown += " (default: %(default)s)"
         options: dict[str, Any] = {"dest": _dest(name), "default": flag.default, "help": shown}

@@ -9,8 +9,9 @@ imports torch and transformers once more (~9 s). A zygote imports once and forks
 - `python -m sglang_ssd.zygote --socket PATH [--preload M,...] [--module M]` imports the
   `--preload` modules with `SGLANG_USE_CPU_ENGINE=1` set first (SGLang reads it at import
   time), then waits on a Unix socket. For each request it forks a child that takes the
-  caller's whole environment, working directory and CPU affinity (and, if asked, becomes a
-  session leader writing to a log file), sets torch's thread count from `OMP_NUM_THREADS`
+  caller's whole environment and working directory, is pinned to the request's CPUs (else
+  keeps the zygote's affinity, not the caller's) and, if asked, becomes a session leader
+  writing to a log file; it sets torch's thread count from `OMP_NUM_THREADS`
   (torch read it when the zygote imported it), sets its process title to the command line an
   exec would have shown, and runs `python -m MODULE ARGS` in-process.
 - The child's pid comes back to the caller; the zygote reaps its children and answers polls

@@ -43,10 +43,10 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         server_markers.running.remove(item)
 
 
-@pytest.hookimpl(trylast=True)  # after a shuffling plugin's reorder
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # before `-m` deselects (pytest's own hook runs after a conftest's): `make test-unit`
+    # leaves out what is marked here
     server_markers.mark_server_tests(items)
-    server_markers.real_pair_first(items)
 
 
 eval_servers.START_LISTENERS.append(server_markers.record_server_start)
@@ -55,12 +55,14 @@ _zygote = contextlib.ExitStack()
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """When the selected tests start servers (any has a server marker: `server_markers`), start
-    the preloaded zygote now (`sglang_ssd/zygote.py`): its import of SGLang runs beside the
-    first tests, and every `eval.servers.Server` of the session is then forked from it instead
-    of importing SGLang again (~18 s of CPU a start-up on a 2-core AVX2 EPYC).
-    `SGLANG_SSD_ZYGOTE=0` keeps exec'd launchers; a socket path already in `SGLANG_SSD_ZYGOTE`
-    is used as it is."""
+    """Move the real pair's smoke first (`server_markers.real_pair_first`, after any shuffling
+    plugin has reordered). When the selected tests start servers (any has a server marker:
+    `server_markers`), start the preloaded zygote now (`sglang_ssd/zygote.py`): its import
+    of SGLang runs beside the first tests, and every `eval.servers.Server` of the session is
+    then forked from it instead of importing SGLang again (~18 s of CPU a start-up on a 2-core
+    AVX2 EPYC). `SGLANG_SSD_ZYGOTE=0` keeps exec'd launchers; a socket path already in
+    `SGLANG_SSD_ZYGOTE` is used as it is."""
+    server_markers.real_pair_first(session.items)  # after any shuffling plugin's reorder
     starts_servers = any(map(server_markers.server_marked, session.items))
     if zygote.ADDRESS_ENV in os.environ or not starts_servers:
         return

@@ -76,6 +76,21 @@ def test_every_flag_is_generated_from_its_declaration():
     assert set(LIVE_FIELDS) == live
 
 
+def test_the_launchers_help_prints_every_flag_with_its_text() -> None:
+    """`python -m sglang_ssd.launch_server --help` (a help text with a bare "%" once made
+    argparse raise instead of printing)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "sglang_ssd.launch_server", "--help"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    for name in FLAGS:
+        if FLAGS[name].cli:
+            assert FLAGS[name].option in done.stdout
+    text = " ".join(done.stdout.split())  # argparse wraps help text at the terminal's width
+    assert "1.7% behind never" in text and "--- SGLang's flags" in text
+
+
 @pytest.mark.parametrize("bad", [{"beta": "x"}, {"fanout_budget": None}, {"draft_cpus": ()}])
 def test_wrong_types_and_empty_values_are_refused(bad):
     with pytest.raises(SSDConfigError, match=f"--ssd-{next(iter(bad)).replace('_', '-')}"):
