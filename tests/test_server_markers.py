@@ -37,14 +37,16 @@ def test_a_marked_test_records_the_start_up(request: pytest.FixtureRequest) -> N
     assert names == [server_markers.ci_times.SERVER_PROPERTY]
 
 
-def test_the_real_pair_smoke_moves_first_keeping_each_groups_order() -> None:
+def test_the_real_pair_smoke_moves_first_in_file_order_and_the_rest_keeps_its_order() -> None:
     ids = [
-        "tests/eval/test_sweep.py::b",
-        "tests/integration/real_pair/test_options.py::x",
-        "tests/test_zygote.py::a",
-        "tests/integration/real_pair/test_greedy.py::y",
-        "tests/integration/test_ssd_api.py::c",
+        ("tests/eval/test_sweep.py::b", 9),
+        ("tests/integration/real_pair/test_options.py::x[json]", 70),
+        ("tests/test_zygote.py::a", 5),
+        ("tests/integration/real_pair/test_greedy.py::y", 90),
+        ("tests/integration/real_pair/test_greedy.py::w", 40),
+        ("tests/integration/test_ssd_api.py::c", 3),
     ]
-    items = [SimpleNamespace(nodeid=nodeid) for nodeid in ids]
+    items = [SimpleNamespace(nodeid=nodeid, location=(nodeid, line, "")) for nodeid, line in ids]
     server_markers.real_pair_first(items)  # type: ignore[arg-type]
-    assert [item.nodeid for item in items] == [ids[1], ids[3], ids[0], ids[2], ids[4]]
+    order = [ids[4], ids[3], ids[1], ids[0], ids[2], ids[5]]
+    assert [item.nodeid for item in items] == [nodeid for nodeid, _ in order]
