@@ -55,10 +55,7 @@ class SpeculatorProcess:
         """Spawn the speculator; `target_vocab_size` (the target's logit width) keeps a wider
         draft from drafting ids the target lacks (`draft_vocab.limit`); `target_model_path`
         gives an EAGLE-3 head draft the target's embeddings."""
-        cmd = [
-            sys.executable,
-            "-m",
-            zygote.SPECULATOR_MODULE,
+        args = [
             "--address",
             address.to_json(),
             "--model-path",
@@ -75,29 +72,30 @@ class SpeculatorProcess:
             str(placement.dp_rank),
         ]
         if target_vocab_size is not None:
-            cmd += ["--target-vocab-size", str(target_vocab_size)]
+            args += ["--target-vocab-size", str(target_vocab_size)]
         if target_model_path is not None:
-            cmd += ["--target-model-path", str(target_model_path)]
+            args += ["--target-model-path", str(target_model_path)]
         env = dict(os.environ)
         if placement.cpus:
-            cmd += ["--cpus", ",".join(map(str, placement.cpus))]
+            args += ["--cpus", ",".join(map(str, placement.cpus))]
             env["OMP_NUM_THREADS"] = str(len(placement.cpus))
         self.placement = placement
-        self.proc: subprocess.Popen[bytes] | zygote.ZygoteChild = self._start(cmd, env)
+        self.proc: subprocess.Popen[bytes] | zygote.ZygoteChild = self._start(args, env)
         logger.info("SSD: started speculator pid %d on %s", self.proc.pid, placement)
 
     def _start(
-        self, cmd: list[str], env: dict[str, str]
+        self, args: list[str], env: dict[str, str]
     ) -> subprocess.Popen[bytes] | zygote.ZygoteChild:
-        """Fork the speculator from the launcher's speculator zygote when there is one and the
-        device is the CPU (`sglang_ssd.zygote`: its imports are done); exec `cmd` otherwise, or
-        when the zygote cannot be reached (logged)."""
+        """`python -m sglang_ssd.speculator ARGS`: forked from the launcher's speculator zygote
+        when there is one and the device is the CPU (`sglang_ssd.zygote`: its imports are done);
+        exec'd otherwise, or when the zygote cannot be reached (logged)."""
         address = zygote.address(zygote.SPECULATOR_ADDRESS_ENV)
         if address is not None and self.placement.device == "cpu":
             try:
-                return zygote.fork(address, cmd[3:], env)
+                return zygote.fork(address, args, env)
             except zygote.ZygoteError as exc:
                 logger.warning("SSD: speculator zygote unusable (%s); starting one cold", exc)
+        cmd = [sys.executable, "-m", zygote.SPECULATOR_MODULE, *args]
         return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL)
 
     @property
