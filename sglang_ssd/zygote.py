@@ -13,7 +13,8 @@ imports torch and transformers once more (~9 s). A zygote imports once and forks
   keeps the zygote's affinity, not the caller's) and, if asked, becomes a session leader
   writing to a log file; it sets torch's thread count from `OMP_NUM_THREADS`
   (torch read it when the zygote imported it), sets its process title to the command line an
-  exec would have shown, and runs `python -m MODULE ARGS` in-process.
+  exec would have shown, and runs `python -m MODULE ARGS` in-process (MODULE: the request's,
+  else the zygote's `--module`).
 - The child's pid comes back to the caller; the zygote reaps its children and answers polls
   for their exit status, so `ZygoteChild` stands in for `subprocess.Popen`.
 
@@ -21,7 +22,10 @@ Two zygotes use this:
 - **Servers** (`LAUNCHER_MODULE`, `PRELOAD`): `eval.servers.Server` forks its launcher from
   the zygote `SGLANG_SSD_ZYGOTE` names (`ADDRESS_ENV`); tests/conftest.py starts one per test
   session. SGLang's scheduler and detokenizer are then forked from the launcher
-  (`fork_start.use_fork`). `python -m eval.startup` times exec'd launchers against it.
+  (`fork_start.use_fork`). `python -m eval.startup` times exec'd launchers against it. Tests
+  that run a launcher (or another module that imports SGLang) to its end, such as a start it
+  must refuse, run it from the same zygote (`run`, through
+  `sglang_ssd.testing.processes.run_module`).
 - **Speculators** (`SPECULATOR_MODULE`, `SPECULATOR_PRELOAD`): on CPU the SSD launcher forks
   one at its start (`launch_server`), so the speculator's imports run beside the target's
   start-up instead of after it; the SSD worker forks each speculator (and each restart) from
@@ -47,6 +51,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Iterator, Mapping, Sequence
@@ -198,12 +203,13 @@ def fork(
     env: Mapping[str, str],
     log_path: Path | None = None,
     cpus: Sequence[int] | None = None,
+    module: str | None = None,
 ) -> ZygoteChild:
-    """Have the zygote at `path` start `python -m MODULE ARGS` (its module) with `env` (the
-    whole environment) and the caller's working directory, pinned to `cpus`. With `log_path`
-    the child leads a session of its own and appends stdout and stderr there (a server);
-    without, it stays in the zygote's process group and writes where the zygote does (a
-    speculator, in its server's group and log).
+    """Have the zygote at `path` start `python -m MODULE ARGS` (`module`, default the
+    zygote's own) with `env` (the whole environment) and the caller's working directory, pinned
+    to `cpus`. With `log_path` the child leads a session of its own and appends stdout and
+    stderr there (a server); without, it stays in the zygote's process group and writes where
+    the zygote does (a speculator, in its server's group and log).
 
     Raises:
         ZygoteError: when the zygote cannot be reached or fails to fork.
@@ -214,8 +220,32 @@ def fork(
         "cwd": os.getcwd(),
         "log": None if log_path is None else str(log_path),
         "cpus": sorted(set(cpus)) if cpus else None,
+        **({} if module is None else {"module": module}),
     }
     return ZygoteChild(path, int(_ask(path, request)["pid"]))
+
+
+def run(
+    path: str, module: str, args: Sequence[str], env: Mapping[str, str], timeout_s: float
+) -> tuple[int, str]:
+    """`python -m module args` as a child of the zygote at `path`, to its end: (exit status,
+    its stdout and stderr interleaved as written). What `subprocess.run` with
+    `stderr=STDOUT` gives for an exec'd run, without the imports the zygote already did.
+
+    Raises:
+        ZygoteError: when the zygote cannot be reached or fails to fork.
+        subprocess.TimeoutExpired: after `timeout_s` s (the child's session is killed first).
+    """
+    with tempfile.TemporaryDirectory(prefix="zygote-run-") as folder:
+        log = Path(folder) / "output.log"
+        child = fork(path, args, env, log, module=module)
+        try:
+            code = child.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
+            raise
+        return code, log.read_text(errors="replace") if log.exists() else ""
 
 
 @contextlib.contextmanager
@@ -422,8 +452,9 @@ def _answer(
             _reap(exited)
             reply: dict[str, Any] = {"returncode": exited.get(int(request["poll"]))}
         else:
-            pid = _fork(request, listener, conn, module)
-            print(f"zygote: pid {pid}: {module} {' '.join(request['args'])}", flush=True)
+            runs = str(request.get("module") or module)
+            pid = _fork(request, listener, conn, runs)
+            print(f"zygote: pid {pid}: {runs} {' '.join(request['args'])}", flush=True)
             reply = {"pid": pid}
     except (OSError, KeyError, ValueError) as exc:
         reply = {"error": f"{type(exc).__name__}: {exc}"}

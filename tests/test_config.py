@@ -20,6 +20,7 @@ from sglang_ssd.config import (
     parse_cpu_list,
 )
 from sglang_ssd.launch_server import apply_defaults, build_config, split_args
+from sglang_ssd.testing.processes import run_module
 
 
 def test_defaults_are_valid_and_round_trip_through_env():
@@ -79,15 +80,12 @@ def test_every_flag_is_generated_from_its_declaration():
 def test_the_launchers_help_prints_every_flag_with_its_text() -> None:
     """`python -m sglang_ssd.launch_server --help` (a help text with a bare "%" once made
     argparse raise instead of printing)."""
-    done = subprocess.run(
-        [sys.executable, "-m", "sglang_ssd.launch_server", "--help"],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
+    code, output = run_module("sglang_ssd.launch_server", ["--help"])
+    assert code == 0, output[-2000:]
     for name in FLAGS:
         if FLAGS[name].cli:
-            assert FLAGS[name].option in done.stdout
-    text = " ".join(done.stdout.split())  # argparse wraps help text at the terminal's width
+            assert FLAGS[name].option in output
+    text = " ".join(output.split())  # argparse wraps help text at the terminal's width
     assert "1.7% behind never" in text and "--- SGLang's flags" in text
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import textwrap
 import time
@@ -118,3 +119,18 @@ def test_torch_threads_follow_the_childs_omp_num_threads(
 def test_unreachable_zygote_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(zygote.ZygoteError, match="zygote at"):
         zygote.fork(str(tmp_path / "none.sock"), [], {}, tmp_path / "x.log")
+
+
+def test_run_returns_the_status_and_output_of_the_module_it_names(
+    plain: tuple, tmp_path: Path
+) -> None:
+    """`zygote.run` runs the module the request names (not only the zygote's own) to its end;
+    `testing.processes.run_module` uses it for launchers a test runs to their end."""
+    sock, _ = plain
+    other = "import sys\nprint('other', sys.argv[1:])\nsys.exit(4)\n"
+    (tmp_path / "other_probe.py").write_text(other)
+    assert zygote.run(sock, "other_probe", ["x"], dict(os.environ), 60) == (4, "other ['x']\n")
+    code, output = zygote.run(sock, "zygote_probe", ["5"], dict(os.environ), 60)
+    assert code == 5 and json.loads(output)["argv"] == ["5"]
+    with pytest.raises(subprocess.TimeoutExpired):
+        zygote.run(sock, "zygote_probe", ["sleep"], dict(os.environ), 1)

@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -20,6 +17,7 @@ import pytest
 
 from sglang_ssd.integration.registration import validate_ssd_server_args
 from sglang_ssd.integration.server_flags import FLAGS, flags_table, refuse_unsupported_flags
+from sglang_ssd.testing.processes import run_module
 
 pytestmark = pytest.mark.integration
 
@@ -152,47 +150,23 @@ def _argv(target: Path, draft: Path, flags: list[str]) -> list[str]:
     ]
 
 
-def _run(args: list[str]) -> tuple[int, str]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run(
-        [sys.executable, *args], capture_output=True, text=True, timeout=240, env=env
-    )
-    return proc.returncode, proc.stdout + proc.stderr
-
-
-# Each case through the launcher's own path up to serving (`launch_server.server_args_of`:
-# SSD's flags, the launcher's defaults, SGLang's plugins and `prepare_server_args`; then the
-# `resolve_once` that SGLang's `run_server` begins with, which runs SSD's validation), in one
-# process: a start per flag would import SGLang once per flag (~20 s each on CI's machines).
-_EACH_CASE = """
-import json, sys
-from sglang_ssd.launch_server import server_args_of
-out = {}
-for name, argv in json.loads(sys.argv[1]).items():
-    try:
-        server_args_of(argv).resolve_once()
-        out[name] = "served"
-    except BaseException as exc:  # what a real start would die of
-        out[name] = f"{type(exc).__name__}: {exc}"
-print("RESULTS " + json.dumps(out))
-"""
-
-
 def _expected(name: str) -> str:
     return f"{name.replace('`', '')}: not supported with --speculative-algorithm SSD"
 
 
 def test_launcher_refuses_each_refused_flag(tiny_target: Path, tiny_draft: Path) -> None:
-    """Every refused flag, through the launcher's path up to serving, raises SSD's reason
-    naming the flag; one real `python -m sglang_ssd.launch_server` start (beside it) exits
-    non-zero before serving, with that message in its output."""
+    """Every refused flag, through the launcher's path up to serving
+    (`sglang_ssd.testing.resolve_args`), raises SSD's reason naming the flag; one real `python
+    -m sglang_ssd.launch_server` start (beside it) exits non-zero before serving, with that
+    message in its output. Both run from the session's zygote when it has one
+    (`testing.processes.run_module`)."""
     cases = {
         name: _argv(tiny_target, tiny_draft, flags) for name, (_, flags) in REFUSED.items() if flags
     }
     real_name, real_argv = next(iter(cases.items()))
     with cf.ThreadPoolExecutor(2) as pool:
-        real = pool.submit(_run, ["-m", "sglang_ssd.launch_server", *real_argv])
-        code, output = _run(["-c", _EACH_CASE, json.dumps(cases)])
+        real = pool.submit(run_module, "sglang_ssd.launch_server", real_argv, 240)
+        code, output = run_module("sglang_ssd.testing.resolve_args", [json.dumps(cases)], 240)
         real_code, real_output = real.result()
     assert code == 0 and "RESULTS " in output, output[-3000:]
     results = json.loads(output.split("RESULTS ", 1)[1].splitlines()[0])

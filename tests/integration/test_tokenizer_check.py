@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -19,6 +17,7 @@ from sglang_ssd.integration.tokenizer_check import (
     same_tokenizer_files,
     tokenizer_mismatch,
 )
+from sglang_ssd.testing.processes import run_module
 from sglang_ssd.testing.tiny_models import TinySpec, make_tiny_model, tokenize
 
 
@@ -105,10 +104,10 @@ def test_server_args_validation_runs_the_check(tiny: Path, tmp_path: Path) -> No
 
 def test_launcher_refuses_a_mismatched_pair_at_startup(tiny: Path, tmp_path: Path) -> None:
     swapped = _variant(tiny, tmp_path / "swapped", _swap_a_b)
-    argv = [sys.executable, "-m", "sglang_ssd.launch_server", "--model-path", str(tiny),
-            "--speculative-draft-model-path", str(swapped), "--dtype", "float32",
-            "--max-total-tokens", "4096", "--port", str(free_port())]  # fmt: skip
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
-    assert done.returncode != 0
-    last = done.stderr.strip().splitlines()[-1]
+    argv = ["--model-path", str(tiny), "--speculative-draft-model-path", str(swapped),
+            "--dtype", "float32", "--max-total-tokens", "4096",
+            "--port", str(free_port())]  # fmt: skip
+    code, output = run_module("sglang_ssd.launch_server", argv)
+    assert code != 0
+    last = output.strip().splitlines()[-1]
     assert "TokenizerMismatch" in last and str(tiny) in last and str(swapped) in last, last
