@@ -49,6 +49,10 @@ class TrainSpec:
         seed: seeds initialisation and the sequence order.
         checkpoint_minutes: minutes between checkpoints (and one at the end).
         milestones: minutes of training after which `on_milestone` is called (learning curve).
+        feature_cache_mb: MiB of the target's (features, logits) kept per visited sequence, so
+            that a corpus that fits runs the target once per sequence rather than once per step
+            (the target is frozen and deterministic: the same tensors either way). A real
+            target's logits (V = 151,936) fill this with one sequence or none.
     """
 
     minutes: float = 90.0
@@ -61,6 +65,7 @@ class TrainSpec:
     seed: int = 0
     checkpoint_minutes: float = 5.0
     milestones: tuple[float, ...] = ()
+    feature_cache_mb: float = 256.0
 
 
 @dataclass
@@ -229,11 +234,14 @@ def train(
         unit="s", desc="train eagle3", disable=not progress,
     )  # fmt: skip
     last_checkpoint = state.seconds
+    passes = _PassCache(spec.feature_cache_mb)
     head.train()
     while state.seconds < budget_s and (spec.max_steps is None or state.step < spec.max_steps):
         started = time.perf_counter()
-        ids = sequences[int(order[state.cursor % len(sequences)])][None]
-        features, logits = target_pass(target, ids, aux)
+        index = int(order[state.cursor % len(sequences)])
+        ids = sequences[index][None]
+        features, logits = passes.get(index) or target_pass(target, ids, aux)
+        passes.keep(index, features, logits)
         result = unrolled_loss(head, ids, features.float(), logits, spec.steps_unrolled)
         for group in opt.param_groups:
             group["lr"] = _lr_at(spec, state.step)
@@ -263,6 +271,23 @@ def train(
     head.eval()
     _save(workdir, head, opt, state, key)
     return state
+
+
+class _PassCache:
+    """The target's (features, logits) by sequence index, up to `mb` MiB in all."""
+
+    def __init__(self, mb: float) -> None:
+        self.room = int(mb * 2**20)
+        self.passes: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def get(self, index: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        return self.passes.get(index)
+
+    def keep(self, index: int, features: torch.Tensor, logits: torch.Tensor) -> None:
+        size = features.nbytes + logits.nbytes
+        if index not in self.passes and size <= self.room:
+            self.passes[index] = (features, logits)
+            self.room -= size
 
 
 def _sequences_key(sequences: Sequence[torch.Tensor], seed: int) -> str:

@@ -108,6 +108,20 @@ def test_a_run_resumes_where_it_stopped(target: torch.nn.Module, tmp_path: Path)
         assert torch.allclose(a, b, atol=1e-6), name
 
 
+def test_cached_target_passes_train_the_same_head(target: torch.nn.Module, tmp_path: Path) -> None:
+    """Sequences visited again reuse the target's cached pass (`feature_cache_mb`): the same
+    head as recomputing it every step."""
+    seqs = [torch.tensor(tokenize(tiny_corpus(num_chars=400, seed=i))[:64]) for i in range(3)]
+    heads = []
+    for mb in (0.0, 256.0):
+        spec = train.TrainSpec(minutes=5, max_steps=7, lr=1e-3, warmup=1, feature_cache_mb=mb)
+        head = train.new_head(target, None, AUX)
+        train.train(head, target, seqs, spec, tmp_path / str(mb), progress=False)
+        heads.append(head.state_dict())
+    for name, weights in heads[0].items():
+        assert torch.equal(weights, heads[1][name]), name
+
+
 def test_sequences_must_be_longer_than_the_unrolled_steps(target, tmp_path: Path) -> None:
     head = train.new_head(target, None, AUX)
     with pytest.raises(ValueError, match="longer than 3"):
