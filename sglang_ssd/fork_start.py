@@ -27,12 +27,16 @@ from collections.abc import Callable
 from multiprocessing import forkserver, spawn
 from typing import Any
 
-# What the forkserver imports before it forks anything: the targets of SGLang's children and
-# this module (its `prepare` patch must run in the forkserver).
+# What the forkserver imports before it forks anything: the targets of SGLang's children, this
+# module (its `prepare` patch must run in the forkserver), and SGLang's model registry, whose
+# import imports every model module of SGLang (the scheduler does at its model load: ~2 s of
+# CPU on the AMX Xeon; it reads SGLANG_EXTERNAL_MODEL_PACKAGE and SGLANG_DISABLED_MODEL_ARCHS
+# then, so at `enable` time here).
 PRELOAD = (
     "sglang_ssd.fork_start",
     "sglang.srt.managers.scheduler",
     "sglang.srt.managers.detokenizer_manager",
+    "sglang.srt.models.registry",
 )
 ENVIRON_KEY = "sglang_ssd_environ"
 SWITCH = "SGLANG_SSD_FORKSERVER"

@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import gc
 import json
 import os
 import runpy
@@ -69,6 +70,7 @@ PRELOAD = (
     "sglang.launch_server",
     "sglang.srt.managers.scheduler",
     "sglang.srt.managers.detokenizer_manager",
+    "sglang.srt.models.registry",  # imports every model module (`fork_start.PRELOAD`)
     "sglang_ssd.integration.registration",
     "sglang_ssd.integration.hooks",
 )
@@ -427,6 +429,9 @@ def serve_on(listener: socket.socket, preload: Sequence[str], module: str) -> No
     started = time.monotonic()
     for name in preload:
         __import__(name)
+    # What the preload made is the children's read-mostly heap: out of the collector's sight, a
+    # child's collections neither walk it nor write its pages (copy-on-write).
+    gc.freeze()
     _set_title(TITLE)
     print(f"zygote: preloaded in {time.monotonic() - started:.1f} s", flush=True)
     selector = selectors.DefaultSelector()
