@@ -1,0 +1,234 @@
+"""`python -m eval.bench_speculator.kernels`: the draft's projections under each CPU weight
+kernel torch offers, on one core, against the core's streaming floor (issue 30, item 3).
+
+A draft forward's matmuls are its decoder projections (q, k, v, o, gate, up, down per layer) and
+its LM head over the draft vocabulary. This times that chain as one `F.linear`-like call per
+weight, with the real draft's shapes (read from its `config.json`) and random weights, at 1 and
+8 rows, for each kernel of `KERNELS`:
+- `bf16`: `F.linear` on bf16 weights and activations (the torch runtime; oneDNN, AMX or
+  AVX512-BF16 where the CPU has them);
+- `fbgemm-int8`: torch's dynamically quantised linear (int8 weights per output row, activations
+  quantised per call; the torch-int8 runtime);
+- `int8-weight-only`: `aten._weight_int8pack_mm` (int8 weights per row, bf16 activations);
+- `int4-packed`: `aten._weight_int4pack_mm_for_cpu` (4-bit weights in groups of 128 with a
+  bf16 scale and zero each, bf16 activations);
+- `onednn-int8`: `onednn.qlinear_pointwise` on prepacked int8 weights (activations quantised
+  per call to uint8, float32 output).
+
+The floor: the weight bytes each kernel streams over the core's read bandwidth (a float32
+`sum` over 256 MB, best of 5). Medians of `--repeats` chains, in milliseconds.
+
+Usage: python -m eval.bench_speculator.kernels [--draft PATH] [--draft-vocab 65536]
+    [--rows 1 8] [--cpu 1] [--repeats 7] [--out eval/results/kernels.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from eval import cli_options
+from sglang_ssd.config import DEFAULT_DRAFT_VOCAB
+
+Chain = Callable[[dict[int, torch.Tensor]], None]
+GROUP = 128  # int4 group size
+
+
+def projection_shapes(config: dict[str, Any], draft_vocab: int) -> list[tuple[int, int]]:
+    """(out, in) of every projection of a Qwen2/Llama-style `config`, layer by layer, then the
+    LM head's (`draft_vocab` rows, or the full vocabulary when 0)."""
+    h, inter = int(config["hidden_size"]), int(config["intermediate_size"])
+    heads = int(config["num_attention_heads"])
+    head_dim = int(config.get("head_dim") or h // heads)
+    kv = int(config.get("num_key_value_heads") or heads) * head_dim
+    layer = [(heads * head_dim, h), (kv, h), (kv, h), (h, heads * head_dim)]
+    layer += [(inter, h), (inter, h), (h, inter)]
+    vocab = draft_vocab or int(config["vocab_size"])
+    return layer * int(config["num_hidden_layers"]) + [(vocab, h)]
+
+
+def _bf16(ws: list[torch.Tensor]) -> tuple[Chain, int]:
+    wb = [w.bfloat16() for w in ws]
+
+    def run(xs: dict[int, torch.Tensor]) -> None:
+        for w in wb:
+            F.linear(xs[w.shape[1]].bfloat16(), w)
+
+    return run, sum(w.nbytes for w in wb)
+
+
+def _fbgemm_int8(ws: list[torch.Tensor]) -> tuple[Chain, int]:
+    from sglang_ssd.speculator.int8_model import _int8_linear
+
+    layers = [_int8_linear(w, None) for w in ws]
+
+    def run(xs: dict[int, torch.Tensor]) -> None:
+        for layer, w in zip(layers, ws, strict=True):
+            layer(xs[w.shape[1]])
+
+    return run, sum(w.numel() for w in ws)
+
+
+def _per_row_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    scale = w.abs().amax(1).clamp(min=1e-8) / 127
+    return (w / scale[:, None]).round().clamp(-128, 127).to(torch.int8), scale
+
+
+def _int8_weight_only(ws: list[torch.Tensor]) -> tuple[Chain, int]:
+    packed = [(q, s.bfloat16()) for q, s in map(_per_row_int8, ws)]
+
+    def run(xs: dict[int, torch.Tensor]) -> None:
+        for q, s in packed:
+            torch.ops.aten._weight_int8pack_mm(xs[q.shape[1]].bfloat16(), q, s)
+
+    return run, sum(q.nbytes + s.nbytes for q, s in packed)
+
+
+def _int4_packed(ws: list[torch.Tensor]) -> tuple[Chain, int]:
+    packed = []
+    for w in ws:
+        n, k = w.shape
+        g = w.reshape(n, k // GROUP, GROUP)
+        low, high = g.amin(-1), g.amax(-1)
+        scale = ((high - low) / 15).clamp(min=1e-8)
+        q = ((g - low[..., None]) / scale[..., None]).round().clamp(0, 15).to(torch.int32)
+        zero = low + 8 * scale  # the kernel computes (q - 8) * scale + zero
+        scales_zeros = torch.stack([scale, zero], -1).transpose(0, 1).contiguous().bfloat16()
+        weight = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.reshape(n, k), 1)
+        packed.append((weight, scales_zeros, k))
+
+    def run(xs: dict[int, torch.Tensor]) -> None:
+        for weight, scales_zeros, k in packed:
+            torch.ops.aten._weight_int4pack_mm_for_cpu(
+                xs[k].bfloat16(), weight, GROUP, scales_zeros
+            )
+
+    return run, sum(w.nbytes + sz.nbytes for w, sz, _ in packed)
+
+
+def _onednn_int8(ws: list[torch.Tensor]) -> tuple[Chain, int]:
+    packed = []
+    for w in ws:
+        q, s = _per_row_int8(w)
+        prepacked = torch.ops.onednn.qlinear_prepack(q, [8, w.shape[1]])
+        packed.append((prepacked, s, torch.zeros(w.shape[0], dtype=torch.int64), w.shape[1]))
+
+    def run(xs: dict[int, torch.Tensor]) -> None:
+        for weight, scale, zeros, k in packed:
+            x = xs[k]
+            x_scale = float(x.abs().amax()) / 127 or 1e-8
+            qx = (x / x_scale + 128).round().clamp(0, 255).to(torch.uint8)
+            torch.ops.onednn.qlinear_pointwise(
+                qx, x_scale, 128, weight, scale, zeros, None, 1.0, 0, torch.float32,
+                "none", [], "",
+            )  # fmt: skip
+
+    return run, sum(w.numel() for w in ws)  # one byte a weight
+
+
+KERNELS: dict[str, Callable[[list[torch.Tensor]], tuple[Chain, int]]] = {
+    "bf16": _bf16,
+    "fbgemm-int8": _fbgemm_int8,
+    "int8-weight-only": _int8_weight_only,
+    "int4-packed": _int4_packed,
+    "onednn-int8": _onednn_int8,
+}
+
+
+def read_bandwidth_gb_s(mb: int = 256) -> float:
+    """The core's read bandwidth: a float32 `sum` over `mb` MB, best of 5, in GB/s."""
+    a = torch.ones(mb * 2**20 // 4)
+    best = float("inf")
+    for _ in range(5):
+        started = time.perf_counter()
+        a.sum()
+        best = min(best, time.perf_counter() - started)
+    return a.nbytes / best / 1e9
+
+
+def time_chain(run: Chain, widths: set[int], rows: int, repeats: int) -> float:
+    """Median milliseconds of `run` over `repeats` calls (after one warm-up) at `rows` rows."""
+    xs = {k: torch.randn(rows, k) for k in widths}
+    run(xs)
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        run(xs)
+        times.append(time.perf_counter() - started)
+    return 1e3 * statistics.median(times)
+
+
+def measure(
+    shapes: Sequence[tuple[int, int]], rows: Sequence[int], repeats: int, kernels: Sequence[str]
+) -> dict[str, Any]:
+    """Per kernel: weight MB, ms per chain at each row count and its floor (ms), or the error
+    that kernel raised on this machine."""
+    torch.manual_seed(0)
+    ws = [torch.randn(o, i) * 0.02 for o, i in shapes]
+    widths = {i for _, i in shapes}
+    bandwidth = read_bandwidth_gb_s()
+    out: dict[str, Any] = {"read_gb_per_s": bandwidth, "kernels": {}}
+    for name in kernels:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                run, nbytes = KERNELS[name](ws)
+                ms = {str(r): time_chain(run, widths, r, repeats) for r in rows}
+        except (RuntimeError, NotImplementedError) as exc:  # a kernel this build lacks
+            out["kernels"][name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+            continue
+        floor = nbytes / 1e9 / bandwidth * 1e3
+        out["kernels"][name] = {"weight_mb": nbytes / 1e6, "ms": ms, "floor_ms": floor}
+        print(f"{name:>18}: {nbytes / 1e6:7.0f} MB, floor {floor:6.1f} ms, "
+              + ", ".join(f"{r} rows {v:6.1f} ms" for r, v in ms.items()), flush=True)  # fmt: skip
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m eval.bench_speculator.kernels",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+    )
+    cli_options.add_pair(parser)
+    parser.add_argument("--draft-vocab", type=int, default=DEFAULT_DRAFT_VOCAB)
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--cpu", type=int, default=1, help="the core to pin to")
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=list(KERNELS))
+    parser.add_argument("--out", type=Path, default=Path("eval/results/kernels.json"))
+    a = parser.parse_args(argv)
+
+    from eval.configs import model_dirs
+    from eval.provenance import run_header
+    from sglang_ssd.placement import pin_process
+
+    _, draft_dir = model_dirs(a.target, a.draft)
+    config = json.loads((Path(draft_dir) / "config.json").read_text())
+    pin_process([a.cpu])
+    torch.set_num_threads(1)
+    shapes = projection_shapes(config, a.draft_vocab)
+    report = {
+        **run_header("eval.bench_speculator.kernels", list(argv or sys.argv[1:])),
+        "draft": str(draft_dir),
+        "draft_vocab": a.draft_vocab,
+        "projections": len(shapes),
+        **measure(shapes, a.rows, a.repeats, a.kernels),
+    }
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
