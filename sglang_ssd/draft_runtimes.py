@@ -59,11 +59,6 @@ RUNTIMES: dict[str, RuntimeEntry] = {
             "the torch runtime with int8 weights (FBGEMM; CPU only)",
         ),
         RuntimeEntry(
-            "torch-int8-onednn",
-            "sglang_ssd.speculator.onednn_int8_model:OneDnnInt8DraftModel",
-            "torch-int8 on oneDNN's int8 kernels (AMX where the CPU has it; CPU only)",
-        ),
-        RuntimeEntry(
             "eagle3-head",
             "sglang_ssd.speculator.head_model:HeadDraftModel",
             "an EAGLE-3 head reading the target's features",
@@ -72,5 +67,4 @@ RUNTIMES: dict[str, RuntimeEntry] = {
 }
 HEAD_RUNTIME = "eagle3-head"
 INT8_RUNTIME = "torch-int8"
-ONEDNN_INT8_RUNTIME = "torch-int8-onednn"
 NAMES: tuple[str, ...] = (AUTO, *RUNTIMES)

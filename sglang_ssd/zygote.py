@@ -79,7 +79,6 @@ SPECULATOR_PRELOAD = (
     "sglang_ssd.fork_start",
     "sglang_ssd.speculator.__main__",
     "sglang_ssd.speculator.int8_model",
-    "sglang_ssd.speculator.onednn_int8_model",
 )
 SPECULATOR_ADDRESS_ENV = "SGLANG_SSD_SPECULATOR_ZYGOTE"
 SPECULATOR_SWITCH = "SGLANG_SSD_SPECULATOR_FORK"

@@ -45,14 +45,13 @@ from eval.sampling import Sampling
 from sglang_ssd.config import DEFAULT_DRAFT_VOCAB, SSDConfig
 from sglang_ssd.speculator.draft_model import ATTN_IMPLEMENTATION, DraftModel
 from sglang_ssd.speculator.engine import OutcomeIn, SpeculatorEngine
-from sglang_ssd.speculator.onednn_int8_model import OneDnnInt8Linear
 
 HOOKED = ("matmuls", "norms", "rope", "embedding")
 PARTS = ("matmuls", "attention", "norms", "rope", "embedding", "rest", "lm_head")
 DEPTH = 4
 ROWS = (1, 8)
-# A decoder projection: float (the torch runtime) or int8 (the torch-int8 runtimes).
-LINEARS = (torch.nn.Linear, DynamicInt8Linear, OneDnnInt8Linear)
+# A decoder projection: float (the torch runtime) or int8 (the torch-int8 runtime).
+LINEARS = (torch.nn.Linear, DynamicInt8Linear)
 RESULTS = Path("eval/results")
 
 
@@ -234,9 +233,7 @@ def _op_self_times(event: Any) -> Iterator[float]:
 
 
 def _weight(module: torch.nn.Module) -> torch.Tensor:
-    """A linear layer's weight, float or int8 (oneDNN's prepacked one: its int8 size)."""
-    if isinstance(module, OneDnnInt8Linear):
-        return torch.empty(module.out_features, module.in_features, dtype=torch.int8)
+    """A linear layer's weight, float or int8."""
     return module.weight() if isinstance(module, DynamicInt8Linear) else module.weight
 
 

@@ -13,7 +13,9 @@ weight, with the real draft's shapes (read from its `config.json`) and random we
 - `int4-packed`: `aten._weight_int4pack_mm_for_cpu` (4-bit weights in groups of 128 with a
   bf16 scale and zero each, bf16 activations);
 - `onednn-int8`: `onednn.qlinear_pointwise` on prepacked int8 weights (activations quantised
-  per call to uint8, float32 output).
+  per call to uint8, float32 output; AMX's int8 tiles where the CPU has them). Tried as a draft
+  runtime at 2ffb177 ("torch-int8-onednn") and not kept: SSD with it ran at 1.25x AR-2c against
+  FBGEMM's 1.42x on the AMX Xeon (docs/benchmarks.md).
 
 The floor: the weight bytes each kernel streams over the core's read bandwidth (a float32
 `sum` over 256 MB, best of 5). Medians of `--repeats` chains, in milliseconds.

@@ -92,7 +92,7 @@ class Int8DraftModel(DraftModel):
             ValueError: on a device other than the CPU, or a torch without FBGEMM.
             FileNotFoundError, NotImplementedError: as `DraftModel.load`.
         """
-        reason = cls.unavailable(request.device)
+        reason = int8_unavailable(request.device)
         if reason is not None:
             raise ValueError(reason)
         model = cls.load(
@@ -104,16 +104,6 @@ class Int8DraftModel(DraftModel):
         )
         model.quantize()
         return model
-
-    @staticmethod
-    def unavailable(device: str) -> str | None:
-        """Why this runtime cannot run on `device`, or None when it can."""
-        return int8_unavailable(device)
-
-    @staticmethod
-    def int8_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.nn.Module:
-        """An int8 linear layer of float `weight` [out, in] (and `bias` [out] or None)."""
-        return _int8_linear(weight, bias)
 
     def quantize(self) -> None:
         """Replace the decoder's linear layers by int8 ones, in place; the int8 LM head is
@@ -135,11 +125,11 @@ class Int8DraftModel(DraftModel):
         if self._int8_head is None:
             bias = getattr(self.lm_head, "bias", None)
             if self._head_ids is None:
-                self._int8_head = self.int8_linear(self.lm_head.weight, bias)
+                self._int8_head = _int8_linear(self.lm_head.weight, bias)
             else:
                 assert self._head_weight is not None
                 kept_bias = None if bias is None else bias.index_select(0, self._head_ids)
-                self._int8_head = self.int8_linear(self._head_weight, kept_bias)
+                self._int8_head = _int8_linear(self._head_weight, kept_bias)
                 self._head_weight = None  # the float copy of the kept rows is not needed
         return self._int8_head
 

@@ -2,13 +2,11 @@
 
 The contract (`DraftRuntime`) is what `SpeculatorEngine`, the packing and the server really use
 of a draft: its KV pool, device, vocabulary, one batched forward over packed rows, a forward
-count and phase timer, and whether it reads the target's features. Four runtimes implement it:
+count and phase timer, and whether it reads the target's features. Three runtimes implement it:
 - "torch": `speculator.draft_model.DraftModel`, a transformers causal LM (bf16 by default) whose
   attention reads and writes our paged pool (the default for a model folder on a GPU);
 - "torch-int8": `speculator.int8_model.Int8DraftModel`, the same with int8 linear layers on
-  torch's FBGEMM kernels (the default for a model folder on a CPU without AMX);
-- "torch-int8-onednn": `speculator.onednn_int8_model.OneDnnInt8DraftModel`, the same int8
-  quantisation on oneDNN's kernels (the default for a model folder on a CPU with AMX);
+  torch's FBGEMM kernels (the default for a model folder on the CPU);
 - "eagle3-head": `speculator.head_model.HeadDraftModel`, an EAGLE-3 head over the target's
   features and embeddings (the default for a head folder; `eagle3.is_eagle3_head`).
 A new runtime is one module with a class implementing `DraftRuntime` and a
@@ -23,15 +21,7 @@ import importlib
 import logging
 from typing import TYPE_CHECKING, Protocol
 
-from sglang_ssd.draft_runtimes import (
-    AUTO,
-    HEAD_RUNTIME,
-    INT8_RUNTIME,
-    NAMES,
-    ONEDNN_INT8_RUNTIME,
-    RUNTIMES,
-    LoadRequest,
-)
+from sglang_ssd.draft_runtimes import AUTO, HEAD_RUNTIME, INT8_RUNTIME, NAMES, RUNTIMES, LoadRequest
 
 logger = logging.getLogger(__name__)
 
@@ -92,9 +82,9 @@ class DraftRuntime(Protocol):
 
 def resolve(name: str, model_path: str, device: str = "cpu") -> str:
     """The runtime `name` means for the draft folder `model_path` on `device`: "auto" is
-    "eagle3-head" for an EAGLE-3 head folder; for a model folder it is "torch-int8-onednn" on a
-    CPU with AMX's int8 tiles and a torch with oneDNN, else "torch-int8" on a CPU with torch's
-    FBGEMM kernels (the fastest there: README, Draft runtimes), else "torch", logging why.
+    "eagle3-head" for an EAGLE-3 head folder; for a model folder it is "torch-int8" on a CPU
+    with torch's FBGEMM kernels (the fastest there: README, Draft runtimes) and "torch"
+    elsewhere, logging why.
 
     Raises:
         ValueError: an unknown name, or a runtime that cannot load the folder (a head folder
@@ -115,7 +105,7 @@ def resolve(name: str, model_path: str, device: str = "cpu") -> str:
         else:
             reason = int8_unavailable(device)
         if reason is None:
-            return _int8_kernel(device)
+            return INT8_RUNTIME
         logger.info("draft runtime: torch (%s)", reason)
         return "torch"
     if head != (name == HEAD_RUNTIME):
@@ -125,16 +115,6 @@ def resolve(name: str, model_path: str, device: str = "cpu") -> str:
             f"(--ssd-draft-runtime {AUTO} picks the runtime from the folder)"
         )
     return name
-
-
-def _int8_kernel(device: str) -> str:
-    """ "torch-int8-onednn" on a CPU with AMX's int8 tiles (faster there at a tree forward's
-    rows: `speculator.onednn_int8_model`), else "torch-int8"."""
-    from sglang_ssd.speculator.onednn_int8_model import cpu_has_amx_int8, onednn_int8_unavailable
-
-    if cpu_has_amx_int8() and onednn_int8_unavailable(device) is None:
-        return ONEDNN_INT8_RUNTIME
-    return INT8_RUNTIME
 
 
 def create_draft_runtime(name: str, request: LoadRequest) -> DraftRuntime:

@@ -2,9 +2,9 @@
 
 Tiny random-weight Qwen2 models (fp32) are built on the fly; the real converted 0.5B draft is
 checked too when its folder exists. Each test runs for the "torch" runtime (float32 here) and for
-"torch-int8" (`int8_model`) and "torch-int8-onednn" (`onednn_int8_model`), whose reference is the
-same HF model with the same int8 layers: their activations are quantised with one scale per
-call, so rows agree with their reference to that precision (`TOLERANCE`), not to float32's.
+"torch-int8" (`int8_model`), whose reference is the same HF model with the same int8 layers: its
+activations are quantised with one scale per call, so rows agree with their reference to that
+precision (`TOLERANCE`), not to float32's.
 """
 
 from __future__ import annotations
@@ -17,19 +17,13 @@ from transformers import AutoModelForCausalLM, DynamicCache, Qwen2Config, Qwen2F
 
 from sglang_ssd.speculator.draft_model import AttentionLayout, DraftModel
 from sglang_ssd.speculator.int8_model import Int8DraftModel, quantize_linears
-from sglang_ssd.speculator.onednn_int8_model import OneDnnInt8DraftModel, replace_linears
 from sglang_ssd.speculator.packing import causal_segment, pack
 
 REAL_DRAFT = Path.home() / ".cache/sglang_ssd/models/qwen2.5-coder-0.5b-instruct"
 VOCAB = 128
 EMPTY = torch.zeros(0, dtype=torch.int64)
 # Per runtime: (atol, rtol) of its logits against its reference.
-TOLERANCE = {"torch": (1e-4, 1e-4), "torch-int8": (0.3, 0.0), "torch-int8-onednn": (0.3, 0.0)}
-# Per int8 runtime: its model class and what turns an HF model's linears into its int8 layers.
-INT8 = {
-    "torch-int8": (Int8DraftModel, quantize_linears),
-    "torch-int8-onednn": (OneDnnInt8DraftModel, replace_linears),
-}
+TOLERANCE = {"torch": (1e-4, 1e-4), "torch-int8": (0.3, 0.0)}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -77,14 +71,14 @@ def reference(tiny_path, runtime) -> torch.nn.Module:
     model = AutoModelForCausalLM.from_pretrained(
         tiny_path, dtype=torch.float32, attn_implementation="eager"
     ).eval()
-    return INT8[runtime][1](model) if runtime in INT8 else model
+    return quantize_linears(model) if runtime == "torch-int8" else model
 
 
 @pytest.fixture
 def draft(tiny_path, runtime) -> DraftModel:
     if runtime == "torch":
         return DraftModel.load(tiny_path, dtype=torch.float32, num_slots=512)
-    model = INT8[runtime][0].load(tiny_path, dtype=torch.float32, num_slots=512)
+    model = Int8DraftModel.load(tiny_path, dtype=torch.float32, num_slots=512)
     model.quantize()
     return model
 

@@ -1,11 +1,9 @@
-"""The int8 draft runtimes on the tiny trained pair: "torch-int8" (`speculator/int8_model.py`,
-FBGEMM) and "torch-int8-onednn" (`speculator/onednn_int8_model.py`, oneDNN).
+"""The "torch-int8" draft runtime (`speculator/int8_model.py`) on the tiny trained pair.
 
-Their forwards against an HF reference with the same int8 layers (prefill, decode, tree decode)
-are in `test_draft_model.py`, parametrised by runtime; here, for each: it is built through the
-registry with its int8 layers really in place, its q is a distribution over the draft
-vocabulary, it drafts as well as the float draft on the tiny pair (greedy output equal), and it
-refuses what it cannot run on; and `auto` picks oneDNN's on a CPU with AMX, FBGEMM's on another.
+Its forwards against an HF reference with the same int8 layers (prefill, decode, tree decode)
+are in `test_draft_model.py`, parametrised by runtime; here: it is built through the registry
+with int8 layers really in place, its q is a distribution over the draft vocabulary, it drafts
+as well as the float draft on the tiny pair, and it refuses what it cannot run on.
 """
 
 from __future__ import annotations
@@ -19,11 +17,10 @@ from torch.ao.nn.quantized.dynamic import Linear as DynamicInt8Linear
 
 from sglang_ssd.config import SSDConfig
 from sglang_ssd.draft_runtimes import LoadRequest
-from sglang_ssd.speculator import int8_model, onednn_int8_model
+from sglang_ssd.speculator import int8_model
 from sglang_ssd.speculator.draft_vocab import DraftVocab
 from sglang_ssd.speculator.engine import OutcomeIn, SpeculatorEngine
-from sglang_ssd.speculator.int8_model import Int8DraftModel
-from sglang_ssd.speculator.onednn_int8_model import OneDnnInt8DraftModel, OneDnnInt8Linear
+from sglang_ssd.speculator.int8_model import Int8DraftModel, int8_unavailable
 from sglang_ssd.speculator.runtimes import create_draft_runtime, resolve
 from sglang_ssd.testing.pair_stats import TYPICAL_PROMPTS, pair_stats
 
@@ -34,33 +31,18 @@ def _request(draft: Path, device: str = "cpu") -> LoadRequest:
     return LoadRequest(str(draft), None, device, "bfloat16", 4096, 0.5)
 
 
-# Per int8 runtime: its model class and its int8 layer's class.
-RUNTIMES = {
-    "torch-int8": (Int8DraftModel, DynamicInt8Linear),
-    "torch-int8-onednn": (OneDnnInt8DraftModel, OneDnnInt8Linear),
-}
-
-
-@pytest.fixture(params=sorted(RUNTIMES))
-def runtime(request: pytest.FixtureRequest) -> str:
-    return request.param
-
-
 @pytest.fixture
-def int8_draft(tiny_draft: Path, runtime: str) -> Int8DraftModel:
-    model = create_draft_runtime(runtime, _request(tiny_draft))
-    assert type(model) is RUNTIMES[runtime][0]
+def int8_draft(tiny_draft: Path) -> Int8DraftModel:
+    model = create_draft_runtime("torch-int8", _request(tiny_draft))
+    assert isinstance(model, Int8DraftModel)
     return model
 
 
-def test_every_projection_and_the_head_run_in_int8(
-    int8_draft: Int8DraftModel, runtime: str
-) -> None:
-    layer = RUNTIMES[runtime][1]
+def test_every_projection_and_the_head_run_in_int8(int8_draft: Int8DraftModel) -> None:
     linears = [m for m in int8_draft.base.modules() if isinstance(m, torch.nn.Linear)]
-    int8 = [m for m in int8_draft.base.modules() if isinstance(m, layer)]
+    int8 = [m for m in int8_draft.base.modules() if isinstance(m, DynamicInt8Linear)]
     assert not linears and len(int8) == 7 * int8_draft.num_layers
-    assert isinstance(int8_draft._head(), layer)
+    assert isinstance(int8_draft._head(), DynamicInt8Linear)
     assert int8_draft.kv_pool.k[0].dtype == torch.float32
 
 
@@ -90,34 +72,28 @@ def test_sampled_drafts_carry_q_that_sums_to_one_on_the_draft_vocabulary(
     engine.close("r")
 
 
-def test_drafts_as_well_as_the_float_draft_on_the_tiny_pair(
-    tiny_pair: tuple[Path, Path], runtime: str
-) -> None:
+def test_drafts_as_well_as_the_float_draft_on_the_tiny_pair(tiny_pair: tuple[Path, Path]) -> None:
     """Greedy SSD rounds with the int8 draft: the target's greedy output (the rounds verify
     against it), accept length within 0.3 of the float32 draft's on the same prompts."""
     prompts = TYPICAL_PROMPTS[:2]
     float32 = pair_stats(*tiny_pair, prompts=prompts, tokens=32)
-    int8 = pair_stats(*tiny_pair, prompts=prompts, tokens=32, runtime=runtime)
+    int8 = pair_stats(*tiny_pair, prompts=prompts, tokens=32, runtime="torch-int8")
     assert int8.outputs == float32.outputs
     assert abs(int8.accept_length - float32.accept_length) <= 0.3, (int8, float32)
     assert int8.hit_rate > 0
 
 
-def test_it_refuses_a_gpu_and_names_the_flag(tiny_draft: Path, runtime: str) -> None:
-    unavailable = RUNTIMES[runtime][0].unavailable
-    assert unavailable("cpu") is None
-    reason = unavailable("cuda:0")
-    assert reason is not None and f"--ssd-draft-runtime {runtime} " in reason
+def test_it_refuses_a_gpu_and_names_the_flag(tiny_draft: Path) -> None:
+    assert int8_unavailable("cpu") is None
+    reason = int8_unavailable("cuda:0")
+    assert reason is not None and "--ssd-draft-runtime torch-int8" in reason
     with pytest.raises(ValueError, match="CPU only"):
-        create_draft_runtime(runtime, _request(tiny_draft, "cuda:0"))
+        create_draft_runtime("torch-int8", _request(tiny_draft, "cuda:0"))
 
 
 def test_auto_picks_int8_on_the_cpu_and_bf16_torch_on_a_gpu(
     tiny_draft: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(onednn_int8_model, "cpu_has_amx_int8", lambda: True)
-    assert resolve("auto", str(tiny_draft), "cpu") == "torch-int8-onednn"
-    monkeypatch.setattr(onednn_int8_model, "cpu_has_amx_int8", lambda: False)
     assert resolve("auto", str(tiny_draft), "cpu") == "torch-int8"
     assert resolve("auto", str(tiny_draft), "cuda:0") == "torch"
     assert resolve("torch", str(tiny_draft), "cpu") == "torch"
@@ -128,18 +104,3 @@ def test_auto_picks_int8_on_the_cpu_and_bf16_torch_on_a_gpu(
     assert "needs torch's an-engine-this-torch-lacks kernels" in caplog.text
     monkeypatch.setitem(sys.modules, "sglang_ssd.speculator.int8_model", None)
     assert resolve("auto", str(tiny_draft), "cpu") == "torch"
-
-
-def test_onednn_linear_is_the_float_linear_to_int8_precision() -> None:
-    """`OneDnnInt8Linear` (per-row int8 weights, per-call uint8 activations) gives F.linear's
-    output within int8 rounding, with and without bias, at 1 and 8 rows and over leading dims."""
-    torch.manual_seed(0)
-    weight, bias = torch.randn(96, 64) * 0.1, torch.randn(96)
-    for b in (bias, None):
-        layer = OneDnnInt8Linear(weight, b)
-        for shape in ((1, 64), (8, 64), (2, 3, 64)):
-            x = torch.randn(shape)
-            want = torch.nn.functional.linear(x, weight, b)
-            got = layer(x)
-            assert got.shape == want.shape and got.dtype == torch.float32
-            assert float((got - want).abs().max()) < 0.02 * float(want.abs().max()), shape
