@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import ctypes
 import gc
 import json
 import os
@@ -84,6 +85,7 @@ SPECULATOR_ADDRESS_ENV = "SGLANG_SSD_SPECULATOR_ZYGOTE"
 SPECULATOR_SWITCH = "SGLANG_SSD_SPECULATOR_FORK"
 TITLE = "sglang_ssd::zygote"
 POLL_S = 0.5
+PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
 class ZygoteError(RuntimeError):
@@ -231,23 +233,32 @@ def run(
     path: str, module: str, args: Sequence[str], env: Mapping[str, str], timeout_s: float
 ) -> tuple[int, str]:
     """`python -m module args` as a child of the zygote at `path`, to its end: (exit status,
-    its stdout and stderr interleaved as written). What `subprocess.run` with
-    `stderr=STDOUT` gives for an exec'd run, without the imports the zygote already did.
+    its stdout and stderr interleaved, line by line when `env` sets PYTHONUNBUFFERED, as
+    `testing.processes.run_module` does). What `subprocess.run` with `stderr=STDOUT` gives for
+    an exec'd run, without the imports the zygote already did.
 
     Raises:
         ZygoteError: when the zygote cannot be reached or fails to fork.
-        subprocess.TimeoutExpired: after `timeout_s` s (the child's session is killed first).
+        subprocess.TimeoutExpired: after `timeout_s` s, with the output so far (the child's
+            session is killed first, as on any exception while waiting).
     """
     with tempfile.TemporaryDirectory(prefix="zygote-run-") as folder:
         log = Path(folder) / "output.log"
         child = fork(path, args, env, log, module=module)
+
+        def output() -> str:
+            return log.read_text(errors="replace") if log.exists() else ""
+
         try:
             code = child.wait(timeout_s)
-        except subprocess.TimeoutExpired:
+        except BaseException as exc:  # a timeout, Ctrl-C, ...: the child does not outlive us
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(child.pid, signal.SIGKILL)
+            if isinstance(exc, subprocess.TimeoutExpired):
+                command = f"{module} {shlex.join(args)}"
+                raise subprocess.TimeoutExpired(command, timeout_s, output()) from exc
             raise
-        return code, log.read_text(errors="replace") if log.exists() else ""
+        return code, output()
 
 
 @contextlib.contextmanager
@@ -270,6 +281,7 @@ def running(
             [
                 *(sys.executable, "-m", "sglang_ssd.zygote", "--socket", str(path)),
                 *("--preload", ",".join(preload), "--module", module),
+                *("--parent-pid", str(os.getpid())),
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -342,6 +354,9 @@ def _run_child(request: Mapping[str, Any], module: str) -> int:
         os.close(fd)
     os.environ.clear()
     os.environ.update(request["env"])
+    if os.environ.get("PYTHONUNBUFFERED"):  # read at interpreter start-up: the zygote's, not ours
+        sys.stdout.reconfigure(line_buffering=True)
+        sys.stderr.reconfigure(line_buffering=True)
     os.chdir(request["cwd"])
     if request["cpus"]:
         os.sched_setaffinity(0, request["cpus"])
@@ -430,7 +445,8 @@ def serve_on(listener: socket.socket, preload: Sequence[str], module: str) -> No
     for name in preload:
         __import__(name)
     # What the preload made is the children's read-mostly heap: out of the collector's sight, a
-    # child's collections neither walk it nor write its pages (copy-on-write).
+    # child's collections do not walk it (nor copy the pages they would have written to;
+    # reference counts still write some).
     gc.freeze()
     _set_title(TITLE)
     print(f"zygote: preloaded in {time.monotonic() - started:.1f} s", flush=True)
@@ -477,6 +493,16 @@ def _reap(exited: dict[int, int]) -> None:
         exited[pid] = _status(wait_status)
 
 
+def _exit_with_parent(parent: int | None) -> bool:
+    """Have the kernel send this process SIGTERM when its parent exits (Linux's
+    PR_SET_PDEATHSIG); False when `parent` (the pid that started it, if known) is no longer
+    its parent: it died before this ran (seen: a zygote started by a shell that exited at once
+    stayed behind, orphaned, since `serve_on` then watched its new parent)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    return parent is None or os.getppid() == parent
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m sglang_ssd.zygote --socket PATH`; returns 0 after SIGTERM or the parent's
     exit."""
@@ -492,7 +518,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=LAUNCHER_MODULE,
         help="the module each request runs as __main__ with its args (%(default)s)",
     )
+    parser.add_argument(
+        "--parent-pid",
+        type=int,
+        help="the pid that starts it: it exits at once when that process is already gone",
+    )
     args = parser.parse_args(argv)
+    if not _exit_with_parent(args.parent_pid):
+        return 0
     preload = tuple(m for m in args.preload.split(",") if m)
     with contextlib.suppress(SystemExit):
         serve(args.socket, preload, args.module)

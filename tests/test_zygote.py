@@ -134,3 +134,34 @@ def test_run_returns_the_status_and_output_of_the_module_it_names(
     assert code == 5 and json.loads(output)["argv"] == ["5"]
     with pytest.raises(subprocess.TimeoutExpired):
         zygote.run(sock, "zygote_probe", ["sleep"], dict(os.environ), 1)
+
+
+def test_run_interleaves_output_by_line_when_the_caller_asks_unbuffered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The zygote's interpreter started buffered; a request whose environment sets
+    PYTHONUNBUFFERED gets its stdout lines before a later traceback, as an exec'd `python`
+    would (a test reads a refused start's last line)."""
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)
+    for sock, _ in _zygote(tmp_path, monkeypatch, "json"):
+        (tmp_path / "noisy.py").write_text("print('first')\nraise SystemExit('last')\n")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        code, output = zygote.run(sock, "noisy", [], env, 60)
+        assert code == 1 and output.splitlines() == ["first", "last"], output
+
+
+def test_a_zygote_whose_parent_exits_goes_too(tmp_path: Path) -> None:
+    """A zygote started by a process that exits at once (a shell's `cmd &`) does not stay
+    behind, orphaned."""
+    start = (
+        "import os, subprocess, sys; "
+        f"p = subprocess.Popen([sys.executable, '-m', 'sglang_ssd.zygote', '--socket', "
+        f"{str(tmp_path / 'z.sock')!r}, '--preload', 'json', '--parent-pid', str(os.getpid())], "
+        "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); print(p.pid)"
+    )
+    done = subprocess.run([sys.executable, "-c", start], capture_output=True, text=True, timeout=60)
+    pid = int(done.stdout)
+    deadline = time.monotonic() + 30
+    while zygote._running(pid):
+        assert time.monotonic() < deadline, "the orphaned zygote is still running"
+        time.sleep(0.2)

@@ -21,7 +21,8 @@ The floor: the weight bytes each kernel streams over the core's read bandwidth (
 `sum` over 256 MB, best of 5). Medians of `--repeats` chains, in milliseconds.
 
 Usage: python -m eval.bench_speculator.kernels [--draft PATH] [--draft-vocab 65536]
-    [--rows 1 8] [--cpu 1] [--repeats 7] [--out eval/results/kernels.json]
+    [--rows 1 8] [--cpu 1] [--repeats 7] [--kernels NAME ...] [--out eval/results/kernels.json]
+(`--draft` alone is the draft; without it, the pulled 0.5B.)
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from eval import cli_options
 from sglang_ssd.config import DEFAULT_DRAFT_VOCAB
 
 Chain = Callable[[dict[int, torch.Tensor]], None]
@@ -186,13 +186,13 @@ def measure(
                 warnings.simplefilter("ignore")
                 run, nbytes = KERNELS[name](ws)
                 ms = {str(r): time_chain(run, widths, r, repeats) for r in rows}
-        except (RuntimeError, NotImplementedError) as exc:  # a kernel this build lacks
+        except (RuntimeError, NotImplementedError, AttributeError) as exc:  # a build without it
             out["kernels"][name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
             continue
         floor = nbytes / 1e9 / bandwidth * 1e3
         out["kernels"][name] = {"weight_mb": nbytes / 1e6, "ms": ms, "floor_ms": floor}
         print(f"{name:>18}: {nbytes / 1e6:7.0f} MB, floor {floor:6.1f} ms, "
-              + ", ".join(f"{r} rows {v:6.1f} ms" for r, v in ms.items()), flush=True)  # fmt: skip
+              + ", ".join(f"rows={r} {v:6.1f} ms" for r, v in ms.items()), flush=True)  # fmt: skip
     return out
 
 
@@ -201,21 +201,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m eval.bench_speculator.kernels",
         description=__doc__.split("\n\n")[0] if __doc__ else None,
     )
-    cli_options.add_pair(parser)
-    parser.add_argument("--draft-vocab", type=int, default=DEFAULT_DRAFT_VOCAB)
-    parser.add_argument("--rows", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--draft", type=Path, help="the draft's folder (default: the pulled 0.5B)")
+    parser.add_argument(
+        "--draft-vocab", type=int, default=DEFAULT_DRAFT_VOCAB,
+        help="LM-head rows, as --ssd-draft-vocab (0: the whole vocabulary; default %(default)s)",
+    )  # fmt: skip
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 8], help="rows per matmul")
     parser.add_argument("--cpu", type=int, default=1, help="the core to pin to")
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=list(KERNELS))
-    parser.add_argument("--out", type=Path, default=Path("eval/results/kernels.json"))
+    parser.add_argument("--repeats", type=int, default=7, help="timed chains per point")
+    parser.add_argument(
+        "--kernels", nargs="+", default=list(KERNELS), choices=list(KERNELS),
+        help="the kernels to time (default: all)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--out", type=Path, default=Path("eval/results/kernels.json"), help="results JSON"
+    )
     a = parser.parse_args(argv)
 
-    from eval.configs import model_dirs
+    from eval.configs import default_model_dirs
     from eval.provenance import run_header
     from sglang_ssd.placement import pin_process
 
-    _, draft_dir = model_dirs(a.target, a.draft)
-    config = json.loads((Path(draft_dir) / "config.json").read_text())
+    draft_dir = a.draft if a.draft is not None else default_model_dirs()[1]
+    if not (draft_dir / "config.json").is_file():
+        parser.error(f"--draft {draft_dir}: no config.json there")
+    config = json.loads((draft_dir / "config.json").read_text())
     pin_process([a.cpu])
     torch.set_num_threads(1)
     shapes = projection_shapes(config, a.draft_vocab)

@@ -52,7 +52,7 @@ class TrainSpec:
         feature_cache_mb: MiB of the target's (features, logits) kept per visited sequence, so
             that a corpus that fits runs the target once per sequence rather than once per step
             (the target is frozen and deterministic: the same tensors either way). A real
-            target's logits (V = 151,936) fill this with one sequence or none.
+            target's float32 logits (V = 151,936: 0.6 MB a token) fill it within ~430 tokens.
     """
 
     minutes: float = 90.0

@@ -32,8 +32,8 @@ def run_module(module: str, args: Sequence[str], timeout_s: float = 300.0) -> tu
         return zygote.run(path, module, args, env, timeout_s)
     done = subprocess.run(
         [sys.executable, "-m", module, *args],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout_s, env=env,
-        check=False,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+        timeout=timeout_s, env=env, check=False,
     )  # fmt: skip
     return done.returncode, done.stdout
 
