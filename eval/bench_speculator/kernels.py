@@ -70,9 +70,9 @@ def _bf16(ws: list[torch.Tensor]) -> tuple[Chain, int]:
 
 
 def _fbgemm_int8(ws: list[torch.Tensor]) -> tuple[Chain, int]:
-    from sglang_ssd.speculator.int8_model import _int8_linear
+    from sglang_ssd.speculator.int8_model import int8_linear
 
-    layers = [_int8_linear(w, None) for w in ws]
+    layers = [int8_linear(w, None) for w in ws]
 
     def run(xs: dict[int, torch.Tensor]) -> None:
         for layer, w in zip(layers, ws, strict=True):

@@ -65,7 +65,7 @@ def quantize_linears(module: torch.nn.Module) -> torch.nn.Module:
         )
 
 
-def _int8_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.nn.Module:
+def int8_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.nn.Module:
     """An int8 linear layer of float `weight` [out, in] (and `bias` [out] or None)."""
     linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
     linear.weight = torch.nn.Parameter(weight.detach(), requires_grad=False)
@@ -125,11 +125,11 @@ class Int8DraftModel(DraftModel):
         if self._int8_head is None:
             bias = getattr(self.lm_head, "bias", None)
             if self._head_ids is None:
-                self._int8_head = _int8_linear(self.lm_head.weight, bias)
+                self._int8_head = int8_linear(self.lm_head.weight, bias)
             else:
                 assert self._head_weight is not None
                 kept_bias = None if bias is None else bias.index_select(0, self._head_ids)
-                self._int8_head = _int8_linear(self._head_weight, kept_bias)
+                self._int8_head = int8_linear(self._head_weight, kept_bias)
                 self._head_weight = None  # the float copy of the kept rows is not needed
         return self._int8_head
 
