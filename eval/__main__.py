@@ -78,6 +78,14 @@ def _add_compare_options(p: argparse.ArgumentParser, only_example: str) -> None:
     cli_options.add_pair(p)
 
 
+def _int_list(text: str) -> list[int]:
+    """ "3,4,5" -> [3, 4, 5] (argparse type)."""
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not comma-separated integers: {text!r}") from None
+
+
 def _target_and_draft_cpus(a: argparse.Namespace) -> tuple[int, int]:
     if len(a.cpus) != 2:
         raise SystemExit(f"--cpus needs exactly two CPUs (target, draft), got {list(a.cpus)}")
@@ -240,6 +248,8 @@ def cmd_ssd(a: argparse.Namespace) -> int:
         target_cpu=target_cpu,
         draft_cpu=draft_cpu,
         ssd_extra=a.ssd_args.split(),
+        standalone_lookaheads=a.standalone_gammas,
+        ssd_runtimes=a.ssd_runtimes,
     )
     name = f"ssd-bench-{a.arrangement}-b{a.batch_size}-{Sampling.of(a.temperature).name}"
     return _compare(a, configs, Path(target), name, ssd_bench.comparisons)
@@ -459,6 +469,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     _add_run_options(p)
     p.add_argument("--arrangement", choices=(*ssd_bench.ARRANGEMENTS, "both"), default="both")
     cli_options.add_ssd_args(p)
+    p.add_argument(
+        "--standalone-gammas",
+        type=_int_list,
+        default=[],
+        metavar="G,G,...",
+        help="run STANDALONE-2c once per γ (STANDALONE-2c-g3, ...); the fastest is the "
+        "STANDALONE-2c baseline (default: one, at --lookahead)",
+    )
+    p.add_argument(
+        "--ssd-runtimes",
+        type=lambda s: [n.strip() for n in s.split(",") if n.strip()],
+        default=[],
+        metavar="NAMES",
+        help="also run SSD-1+1c with each of these --ssd-draft-runtime names (SSD-1+1c-NAME), "
+        "e.g. torch for the bf16 reference",
+    )
     _add_compare_options(p, "e.g. AR-2c,SYNC-2c,SSD-1+1c")
     p.set_defaults(func=cmd_ssd, prompts=5, max_new_tokens=64, repeats=2)
 

@@ -10,7 +10,10 @@ Arrangements on a machine with CPUs ``t`` (target) and ``d`` (draft):
   at once), the best synchronous SD on this hardware with SSD's own draft runtime.
 
 SSD (async) is the same server in both arrangements and runs once. Every configuration uses the
-same γ, top-k 1, dtype and KV pool (`eval.configs`).
+same γ, top-k 1, dtype and KV pool (`eval.configs`), except where asked for more (issue 30, item
+9): `standalone_lookaheads` runs STANDALONE-2c once per γ (`STANDALONE-2c-g3`, ...; the fastest
+is the STANDALONE-2c baseline of the comparisons), and `ssd_runtimes` adds SSD-1+1c on other draft
+runtimes (`SSD-1+1c-torch`: the bf16 reference), each compared with SSD-1+1c.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from eval.configs import Config
 from sglang_ssd.config import DEFAULT_LOOKAHEAD
 
 ARRANGEMENTS = ("paper", "equal")
+STANDALONE_2C = "STANDALONE-2c"
+SSD_1_1C = "SSD-1+1c"
 
 
 def bench_configs(
@@ -36,17 +41,25 @@ def bench_configs(
     target_cpu: int = 0,
     draft_cpu: int = 1,
     ssd_extra: Sequence[str] = (),
+    standalone_lookaheads: Sequence[int] = (),
+    ssd_runtimes: Sequence[str] = (),
 ) -> list[Config]:
     """The configurations for `arrangements`; the first is the reference (ratios, identity).
 
+    `standalone_lookaheads` (equal arrangement): one STANDALONE-2c per γ, named
+    `STANDALONE-2c-g{γ}`, instead of one at `lookahead`. `ssd_runtimes`: one more SSD-1+1c per
+    `--ssd-draft-runtime` name, named `SSD-1+1c-{name}`.
+
     Raises:
-        ValueError: on an unknown arrangement or equal CPU ids.
+        ValueError: on an unknown arrangement, equal CPU ids or a γ below 1.
     """
     unknown = set(arrangements) - set(ARRANGEMENTS)
     if unknown or not arrangements:
         raise ValueError(f"arrangements must be among {ARRANGEMENTS}, got {list(arrangements)}")
     if target_cpu == draft_cpu:
         raise ValueError("the target and draft CPUs must differ")
+    if any(g < 1 for g in standalone_lookaheads):
+        raise ValueError(f"every STANDALONE γ must be >= 1, got {list(standalone_lookaheads)}")
     one, both = (target_cpu,), (target_cpu, draft_cpu)
     kw: dict[str, Any] = {"lookahead": lookahead}
     out: list[Config] = []
@@ -57,19 +70,27 @@ def bench_configs(
             presets.ssd(target, draft, name="SYNC-1c", mode="sync", cpus=one, **kw),
         ]
     if "equal" in arrangements:
+        standalones = [
+            presets.standalone(target, draft, name=f"{STANDALONE_2C}-g{g}", cpus=both, lookahead=g)
+            for g in standalone_lookaheads
+        ] or [presets.standalone(target, draft, name=STANDALONE_2C, cpus=both, **kw)]
         out += [
             presets.autoregressive(target, name="AR-2c", cpus=both),
-            presets.standalone(target, draft, name="STANDALONE-2c", cpus=both, **kw),
+            *standalones,
             # Target and speculator take turns on both cores (sync mode never overlaps them).
             presets.ssd(
                 target, draft, name="SYNC-2c", mode="sync", cpus=both, draft_cpus=both,
                 extra=ssd_extra, **kw,
             ),
         ]  # fmt: skip
-    ssd = presets.ssd(
-        target, draft, name="SSD-1+1c", cpus=both, draft_cpus=(draft_cpu,), extra=ssd_extra, **kw
-    )
-    return [*out, ssd]
+    ssds = [
+        presets.ssd(target, draft, name=name, cpus=both, draft_cpus=(draft_cpu,), extra=extra, **kw)
+        for name, extra in [
+            (SSD_1_1C, ssd_extra),
+            *((f"{SSD_1_1C}-{r}", (*ssd_extra, "--ssd-draft-runtime", r)) for r in ssd_runtimes),
+        ]
+    ]
+    return [*out, *ssds]
 
 
 def select(configs: Sequence[Config], names: Sequence[str]) -> list[Config]:
@@ -117,12 +138,21 @@ def comparisons(
     bootstrap interval
     over prompts (`eval.bootstrap`), the aim and whether the interval's lower end meets it
     (`met`), and, for SSD vs AR, the speedup model's prediction from SSD's own counters
-    (`eval.ssd_stats.predict`)."""
+    (`eval.ssd_stats.predict`). With per-γ STANDALONE-2c runs the fastest stands in for
+    STANDALONE-2c (`best_variant`); each `SSD-1+1c-{runtime}` run is compared with SSD-1+1c."""
     summary = results["summary"]["configs"]
+    best = best_variant(summary, STANDALONE_2C)
+    variants = [n for n in summary if n.startswith(f"{SSD_1_1C}-")]
+
+    def resolve(n: str) -> str:
+        return best if n == STANDALONE_2C and best else n
+
+    pairs = [(resolve(n), resolve(b), arr, aims) for n, b, arr, aims in pairs]
+    pairs += [(SSD_1_1C, v, "equal", {}) for v in variants]
     settings = results["settings"]
     greedy = settings["sampling"]["greedy"]
     batch = settings["batch_size"]
-    lookahead = next((c["lookahead"] for c in results["configs"] if c.get("lookahead")), 4)
+    lookaheads = {c["name"]: c.get("lookahead") or 4 for c in results["configs"]}
     rows = []
     kind = setting_kind(batch, greedy)
     for name, base, arrangement, aims in pairs:
@@ -144,7 +174,9 @@ def comparisons(
         row["met"] = interval[0] >= row["aim"] if interval and row["aim"] is not None else None
         m = summary[name].get("ssd")
         if m and base == AR_OF[arrangement] and b:
-            predicted = ssd_stats.predict(m, lookahead, batch, b, async_mode=name.startswith("SSD"))
+            predicted = ssd_stats.predict(
+                m, lookaheads.get(name, 4), batch, b, async_mode=name.startswith("SSD")
+            )
             row["predicted"] = predicted
             row["prediction_error"] = (
                 predicted / row["speedup"] - 1 if predicted and row["speedup"] else None
@@ -154,6 +186,13 @@ def comparisons(
             row["note"] = f"{lossy[0]} is not lossless at T > 0 on CPU (greedy verify)"
         rows.append(row)
     return rows
+
+
+def best_variant(summary: Mapping[str, Any], base: str) -> str | None:
+    """The fastest (tok/s) of `base`'s per-γ variants (`{base}-g{γ}`) in a results summary, or
+    None when it has none (then `base` itself is the baseline)."""
+    rates = {n: c["tok_per_s"] or 0.0 for n, c in summary.items() if n.startswith(f"{base}-g")}
+    return max(rates, key=rates.__getitem__) if rates else None
 
 
 def format_comparisons(rows: Sequence[Mapping[str, Any]]) -> str:

@@ -88,6 +88,52 @@ def test_bench_configs_arrangements() -> None:
         ssd_bench.bench_configs("T", "D", target_cpu=1, draft_cpu=1)
 
 
+def test_per_gamma_standalones_and_extra_runtimes() -> None:
+    """Issue 30's item 9: STANDALONE-2c at several γ and SSD-1+1c on another draft runtime."""
+    cfgs = ssd_bench.bench_configs(
+        "T", "D", ["equal"], standalone_lookaheads=[3, 5], ssd_runtimes=["torch"]
+    )
+    by = {c.name: c for c in cfgs}
+    assert list(by) == ["AR-2c", "STANDALONE-2c-g3", "STANDALONE-2c-g5", "SYNC-2c", "SSD-1+1c",
+                        "SSD-1+1c-torch"]  # fmt: skip
+    assert by["STANDALONE-2c-g3"].lookahead == 3 and by["STANDALONE-2c-g5"].lookahead == 5
+    assert flag_value(by["STANDALONE-2c-g5"].args, "--speculative-num-draft-tokens") == "6"
+    assert by["SSD-1+1c"].lookahead == 4 and by["SSD-1+1c-torch"].lookahead == 4
+    assert flag_value(by["SSD-1+1c-torch"].args, "--ssd-draft-runtime") == "torch"
+    assert flag_value(by["SSD-1+1c"].args, "--ssd-draft-runtime") is None
+    with pytest.raises(ValueError, match="γ"):
+        ssd_bench.bench_configs("T", "D", standalone_lookaheads=[0])
+
+
+def _results(rates: dict[str, float], lookaheads: dict[str, int]) -> dict[str, Any]:
+    """A results file of two prompts per configuration, 10 tokens each at `rates` tok/s."""
+    batches = [
+        {"config": n, "wall_s": 10 / r, "requests": [{"prompt_id": p, "completion_tokens": 10}]}
+        for n, r in rates.items()
+        for p in ("p1", "p2")
+    ]
+    return {
+        "settings": {"sampling": {"greedy": True}, "batch_size": 1},
+        "configs": [{"name": n, "lookahead": lookaheads.get(n)} for n in rates],
+        "summary": {"configs": {n: {"tok_per_s": r} for n, r in rates.items()}},
+        "batches": batches,
+    }
+
+
+def test_the_fastest_standalone_is_the_baseline() -> None:
+    rates = {"AR-2c": 3.0, "STANDALONE-2c-g3": 3.6, "STANDALONE-2c-g4": 3.9,
+             "STANDALONE-2c-g5": 3.7, "SSD-1+1c": 5.2, "SSD-1+1c-torch": 4.0}  # fmt: skip
+    rows = ssd_bench.comparisons(_results(rates, {"STANDALONE-2c-g3": 3, "SSD-1+1c": 4}))
+    pairs = {(r["config"], r["baseline"]): r["speedup"] for r in rows}
+    assert pairs[("SSD-1+1c", "STANDALONE-2c-g4")] == pytest.approx(5.2 / 3.9)
+    assert pairs[("STANDALONE-2c-g4", "AR-2c")] == pytest.approx(3.9 / 3.0)
+    assert pairs[("SSD-1+1c", "SSD-1+1c-torch")] == pytest.approx(5.2 / 4.0)
+    assert not any("g3" in key[1] or "g5" in key[1] for key in pairs)
+    (vs_std,) = [r for r in rows if r["baseline"] == "STANDALONE-2c-g4"]
+    assert vs_std["aim"] == 1.3 and vs_std["met"] is True  # equal prompts: interval = ratio
+    assert ssd_bench.best_variant({"AR-2c": {"tok_per_s": 1.0}}, "STANDALONE-2c") is None
+
+
 @pytest.fixture(scope="module")
 def tiny_bench(
     tiny_target: Path,
