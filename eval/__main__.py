@@ -79,11 +79,23 @@ def _add_compare_options(p: argparse.ArgumentParser, only_example: str) -> None:
 
 
 def _int_list(text: str) -> list[int]:
-    """ "3,4,5" -> [3, 4, 5] (argparse type)."""
+    """Comma-separated integers ("3,4,5") as a list (an argparse type)."""
     try:
         return [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"not comma-separated integers: {text!r}") from None
+
+
+def _runtime_list(text: str) -> list[str]:
+    """Comma-separated `--ssd-draft-runtime` names as a list (an argparse type): an unknown name
+    is refused here, not at the server's start an hour into a run."""
+    from sglang_ssd.draft_runtimes import NAMES
+
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in NAMES]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown draft runtime(s) {unknown}; known: {NAMES}")
+    return names
 
 
 def _target_and_draft_cpus(a: argparse.Namespace) -> tuple[int, int]:
@@ -479,7 +491,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument(
         "--ssd-runtimes",
-        type=lambda s: [n.strip() for n in s.split(",") if n.strip()],
+        type=_runtime_list,
         default=[],
         metavar="NAMES",
         help="also run SSD-1+1c with each of these --ssd-draft-runtime names (SSD-1+1c-NAME), "

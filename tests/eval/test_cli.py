@@ -33,3 +33,20 @@ def test_help(module: str, argv: list[str], capsys: pytest.CaptureFixture) -> No
         importlib.import_module(module).main(argv)
     assert done.value.code == 0
     assert capsys.readouterr().out.startswith("usage: python -m ")
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--ssd-runtimes", "torch,nope", "unknown draft runtime(s) ['nope']"),
+        ("--standalone-gammas", "3,x", "not comma-separated integers"),
+    ],
+)
+def test_eval_ssd_refuses_bad_lists_at_parse_time(
+    flag: str, value: str, message: str, capsys: pytest.CaptureFixture
+) -> None:
+    """A bad name or γ list fails before any server starts (exit status 2, argparse's)."""
+    with pytest.raises(SystemExit) as done:
+        importlib.import_module("eval.__main__").main(["ssd", flag, value])
+    assert done.value.code == 2
+    assert message in capsys.readouterr().err
