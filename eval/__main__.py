@@ -55,6 +55,7 @@ from eval.harness import RunSettings, run_interleaved
 from eval.margin import cli as margin
 from eval.sampling import Sampling
 from eval.summary import format_table
+from sglang_ssd.draft_runtimes import NAMES as RUNTIME_NAMES
 from sglang_ssd.launch_server import flag_value
 
 RESULTS = Path("eval/results")
@@ -78,23 +79,27 @@ def _add_compare_options(p: argparse.ArgumentParser, only_example: str) -> None:
     cli_options.add_pair(p)
 
 
-def _int_list(text: str) -> list[int]:
-    """Comma-separated integers ("3,4,5") as a list (an argparse type)."""
+def _gamma_list(text: str) -> list[int]:
+    """Comma-separated lookaheads ("3,4,5") as a list (an argparse type): at least one, each an
+    integer >= 1, or an argparse error (exit 2) before anything starts."""
     try:
-        return [int(v) for v in text.split(",") if v.strip()]
+        gammas = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"not comma-separated integers: {text!r}") from None
+    if not gammas or min(gammas) < 1:
+        raise argparse.ArgumentTypeError(f"needs one or more integers >= 1, got {text!r}")
+    return gammas
 
 
 def _runtime_list(text: str) -> list[str]:
     """Comma-separated `--ssd-draft-runtime` names as a list (an argparse type): an unknown name
     is refused here, not at the server's start an hour into a run."""
-    from sglang_ssd.draft_runtimes import NAMES
-
     names = [n.strip() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in NAMES]
-    if unknown:
-        raise argparse.ArgumentTypeError(f"unknown draft runtime(s) {unknown}; known: {NAMES}")
+    unknown = [n for n in names if n not in RUNTIME_NAMES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown or no draft runtime(s) {unknown}; known: {', '.join(RUNTIME_NAMES)}"
+        )
     return names
 
 
@@ -479,11 +484,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     p = sub.add_parser("ssd", help="AR vs STANDALONE vs SSD sync vs SSD, two arrangements")
     _add_run_options(p)
-    p.add_argument("--arrangement", choices=(*ssd_bench.ARRANGEMENTS, "both"), default="both")
+    p.add_argument(
+        "--arrangement",
+        choices=(*ssd_bench.ARRANGEMENTS, "both"),
+        default="both",
+        help="paper: the baselines on the target's core, SSD adds the draft's; equal: every "
+        "configuration on both cores; both (default)",
+    )
     cli_options.add_ssd_args(p)
     p.add_argument(
         "--standalone-gammas",
-        type=_int_list,
+        type=_gamma_list,
         default=[],
         metavar="G,G,...",
         help="run STANDALONE-2c once per γ (STANDALONE-2c-g3, ...); the fastest is the "
@@ -495,7 +506,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=[],
         metavar="NAMES",
         help="also run SSD-1+1c with each of these --ssd-draft-runtime names (SSD-1+1c-NAME), "
-        "e.g. torch for the bf16 reference",
+        f"among {', '.join(RUNTIME_NAMES)}; e.g. torch for the bf16 reference",
     )
     _add_compare_options(p, "e.g. AR-2c,SYNC-2c,SSD-1+1c")
     p.set_defaults(func=cmd_ssd, prompts=5, max_new_tokens=64, repeats=2)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 
 import pytest
 
@@ -38,15 +39,21 @@ def test_help(module: str, argv: list[str], capsys: pytest.CaptureFixture) -> No
 @pytest.mark.parametrize(
     ("flag", "value", "message"),
     [
-        ("--ssd-runtimes", "torch,nope", "unknown draft runtime(s) ['nope']"),
+        ("--ssd-runtimes", "torch,nope", "unknown or no draft runtime(s) ['nope']"),
+        ("--ssd-runtimes", "", "unknown or no draft runtime(s) []"),
         ("--standalone-gammas", "3,x", "not comma-separated integers"),
+        ("--standalone-gammas", "", "needs one or more integers >= 1, got ''"),
+        ("--standalone-gammas", "3,0", "needs one or more integers >= 1, got '3,0'"),
     ],
 )
 def test_eval_ssd_refuses_bad_lists_at_parse_time(
-    flag: str, value: str, message: str, capsys: pytest.CaptureFixture
+    flag: str, value: str, message: str, capsys: pytest.CaptureFixture, tmp_path: Path
 ) -> None:
-    """A bad name or γ list fails before any server starts (exit status 2, argparse's)."""
+    """A bad or empty name or γ list fails before any server starts (exit status 2, argparse's;
+    an empty list once ran the whole default benchmark). Were it accepted, the one CPU given
+    stops the command at once with another exit status (no server, no results file)."""
+    argv = ["ssd", flag, value, "--cpus", "0", "--out", str(tmp_path / "never.json")]
     with pytest.raises(SystemExit) as done:
-        importlib.import_module("eval.__main__").main(["ssd", flag, value])
+        importlib.import_module("eval.__main__").main(argv)
     assert done.value.code == 2
     assert message in capsys.readouterr().err
