@@ -70,7 +70,7 @@ def _add_compare_options(p: argparse.ArgumentParser, only_example: str) -> None:
     cli_options.add_lookahead(p)
     p.add_argument(
         "--only",
-        type=lambda s: [n.strip() for n in s.split(",") if n.strip()],
+        type=_comma_list,
         default=[],
         metavar="NAMES",
         help="comma-separated configurations to run, in this order (the first is the reference), "
@@ -79,11 +79,16 @@ def _add_compare_options(p: argparse.ArgumentParser, only_example: str) -> None:
     cli_options.add_pair(p)
 
 
+def _comma_list(text: str) -> list[str]:
+    """The non-empty items of a comma-separated option value ("a, b,,c": a, b and c)."""
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
 def _gamma_list(text: str) -> list[int]:
     """Comma-separated lookaheads ("3,4,5") as a list (an argparse type): at least one, each an
     integer >= 1, or an argparse error (exit 2) before anything starts."""
     try:
-        gammas = [int(v) for v in text.split(",") if v.strip()]
+        gammas = [int(v) for v in _comma_list(text)]
     except ValueError:
         raise argparse.ArgumentTypeError(f"not comma-separated integers: {text!r}") from None
     if not gammas or min(gammas) < 1:
@@ -94,7 +99,7 @@ def _gamma_list(text: str) -> list[int]:
 def _runtime_list(text: str) -> list[str]:
     """Comma-separated `--ssd-draft-runtime` names as a list (an argparse type): an unknown name
     is refused here, not at the server's start an hour into a run."""
-    names = [n.strip() for n in text.split(",") if n.strip()]
+    names = _comma_list(text)
     unknown = [n for n in names if n not in RUNTIME_NAMES]
     if unknown or not names:
         raise argparse.ArgumentTypeError(

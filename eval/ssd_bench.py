@@ -152,7 +152,7 @@ def comparisons(
     settings = results["settings"]
     greedy = settings["sampling"]["greedy"]
     batch = settings["batch_size"]
-    lookaheads = {c["name"]: c.get("lookahead") or 4 for c in results["configs"]}
+    lookaheads = {c["name"]: c.get("lookahead") or DEFAULT_LOOKAHEAD for c in results["configs"]}
     rows = []
     kind = setting_kind(batch, greedy)
     for name, base, arrangement, aims in pairs:
@@ -175,7 +175,11 @@ def comparisons(
         m = summary[name].get("ssd")
         if m and base == AR_OF[arrangement] and b:
             predicted = ssd_stats.predict(
-                m, lookaheads.get(name, 4), batch, b, async_mode=name.startswith("SSD")
+                m,
+                lookaheads.get(name, DEFAULT_LOOKAHEAD),
+                batch,
+                b,
+                async_mode=name.startswith("SSD"),
             )
             row["predicted"] = predicted
             row["prediction_error"] = (
