@@ -89,13 +89,14 @@ def scheduler_load(scheduler: Any) -> dict[str, float]:
 
 
 def stats(worker: SSDWorker, scheduler: Any = None) -> dict[str, Any]:
-    """Per-round averages on both sides (and by phase: `target_phases`, `speculator_phases`,
-    `t_p`), cache hit rate, backup rounds, faults and restarts, the miss policy's b*
-    (`fallback`), the speculator's, the client's and the planner's counters (`speculator`), the
-    DP replica that answers (`dp_rank`) and, given the `scheduler`, its running and waiting
-    requests."""
+    """The `--ssd-mode` served (`ssd_mode`), per-round averages on both sides (and by phase:
+    `target_phases`, `speculator_phases`, `t_p`), cache hit rate, backup rounds, faults and
+    restarts, the miss policy's b* (`fallback`), the speculator's, the client's and the
+    planner's counters (`speculator`), the DP replica that answers (`dp_rank`) and, given the
+    `scheduler`, its running and waiting requests."""
     out: dict[str, Any] = worker.timer.snapshot().summary()
     out["dp_rank"] = worker.dp_rank
+    out["ssd_mode"] = worker.config.mode
     link = worker.speculator_admin.stats()
     spec, client = link.speculator, link.client
     if spec is not None:  # the speculator answered
@@ -153,13 +154,14 @@ def round_balance(target_phases: dict[str, float], client: SpeculatorClient) -> 
 
 
 def fallback(policy: FallbackPolicy) -> dict[str, Any]:
-    """The cache-miss policy's state: its mode, b* as set and b* that `auto` would pick from the
-    current measurements (the same as b* in auto mode; what a forced backup is compared with)."""
+    """The cache-miss policy's state: its `--ssd-backup` setting (`backup`: "auto" or the forced
+    backup), b* as set and b* that `auto` would pick from the current measurements (the same as
+    b* in auto mode; what a forced backup is compared with)."""
     auto = copy.copy(policy)  # shallow: reads the live estimates, changes only the copy's mode
     auto.mode = "auto"
-    mode = policy.mode.value if isinstance(policy.mode, Backup) else policy.mode
+    backup = policy.mode.value if isinstance(policy.mode, Backup) else policy.mode
     return {
-        "mode": mode,
+        "backup": backup,
         "batch_threshold": policy.batch_threshold(),
         "auto_batch_threshold": auto.batch_threshold(),
         "p_hit": policy.p_hit,

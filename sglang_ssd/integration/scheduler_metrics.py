@@ -54,6 +54,9 @@ class Window:
         speculator_phases: the speculator's seconds by phase in the window.
         tree_depth: the D in force at the report (self-tuned or pinned); 0: unknown.
         plain_rounds: rounds without speculation in the window (`RoundPlanner.plain_rounds`).
+        sync: `--ssd-mode sync`: the speculator drafts only when asked, so its round adds to
+            the target's instead of hiding behind it, and the line names it "draft", not T_p
+            (the gauges keep `t_p`: the same ratio).
     """
 
     rounds: RoundStats = field(default_factory=RoundStats)
@@ -61,6 +64,7 @@ class Window:
     speculator_phases: dict[str, float] = field(default_factory=dict)
     tree_depth: int = 0
     plain_rounds: int = 0
+    sync: bool = False
 
     def values(self) -> dict[str, float]:
         """Per-round means and per-request-round rates (0 for an empty window), by gauge name."""
@@ -92,10 +96,15 @@ class Window:
         )
         if self.speculator_rounds and v["target_round_seconds"] > 0:
             means = {k: x / self.speculator_rounds for k, x in self.speculator_phases.items()}
-            suffix += (
-                f", T_p: {v['t_p']:.2f} (speculator {v['speculator_round_seconds'] * 1e3:.0f} ms:"
-                f" {largest(means)}; target {v['target_round_seconds'] * 1e3:.0f} ms)"
-            )
+            spec_ms = v["speculator_round_seconds"] * 1e3
+            target_ms = v["target_round_seconds"] * 1e3
+            if self.sync:  # nothing overlaps: T_p would read as a speculator falling behind
+                suffix += f", sync draft: {spec_ms:.0f} ms ({largest(means)}) before each verify"
+            else:
+                suffix += (
+                    f", T_p: {v['t_p']:.2f} (speculator {spec_ms:.0f} ms: {largest(means)};"
+                    f" target {target_ms:.0f} ms)"
+                )
         if self.tree_depth:
             suffix += f", D: {self.tree_depth}"
         if self.plain_rounds:
@@ -111,9 +120,15 @@ class WindowTracker:
 
     last: Window = field(default_factory=Window)
 
-    def take(self, timer: RoundTimer, client: SpeculatorClient, planner: RoundPlanner) -> Window:
+    def take(
+        self,
+        timer: RoundTimer,
+        client: SpeculatorClient,
+        planner: RoundPlanner,
+        sync: bool = False,
+    ) -> Window:
         """The window since the previous call (the first: since start); `planner` gives the D
-        in force and the plain rounds chosen."""
+        in force and the plain rounds chosen, `sync` whether the server runs `--ssd-mode sync`."""
         now = Window(
             rounds=timer.snapshot(),
             speculator_rounds=client.drafts_received,
@@ -130,6 +145,7 @@ class WindowTracker:
             },
             tree_depth=now.tree_depth,
             plain_rounds=now.plain_rounds - last.plain_rounds,
+            sync=sync,
         )
 
 
@@ -192,7 +208,7 @@ def report_decode_stats(original: Callable[..., Any], reporter: Any, *args: Any,
     client, planner = worker.speculator_client, worker.planner
     if _state is None:
         _state = DecodeReportState()
-    window = _state.tracker.take(worker.timer, client, planner)
+    window = _state.tracker.take(worker.timer, client, planner, sync=worker.config.mode == "sync")
     _state.filter.suffix = window.log_suffix()
     try:
         return original(reporter, *args, **kwargs)

@@ -73,7 +73,7 @@ def make_results(
                                      "requests": reqs}  # fmt: skip
             if config["algorithm"] == "SSD":
                 batch["ssd"] = _ssd_delta(10, len(chunk), hit_rate)
-                batch["fallback"] = {"mode": "auto", "auto_batch_threshold": b_star}
+                batch["fallback"] = {"backup": "auto", "auto_batch_threshold": b_star}
             batches.append(batch)
     results = {
         "schema": harness.SCHEMA, "status": "complete", "created_at": 0.0,

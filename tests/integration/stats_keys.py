@@ -25,6 +25,7 @@ STATS_KEYS = frozenset(
         "target_round_s",
         "t_p",
         "fallback",
+        "ssd_mode",
     }
 )
 # From the speculator's counters (present once the speculator answered a stats request).
@@ -44,5 +45,5 @@ SPECULATOR_KEYS = frozenset(
 SCHEDULER_KEYS = frozenset({"target_running", "target_waiting"})
 PLAIN_ROUNDS_KEYS = frozenset({"rounds", "request_rounds", "avg_forward_s", "target_phases"})
 FALLBACK_KEYS = frozenset(
-    {"mode", "batch_threshold", "auto_batch_threshold", "p_hit", "alpha_hit", "backups"}
+    {"backup", "batch_threshold", "auto_batch_threshold", "p_hit", "alpha_hit", "backups"}
 )

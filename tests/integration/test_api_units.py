@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -335,7 +336,7 @@ def test_admin_stats_report_the_fallback_threshold() -> None:
     worker = FakeWorker()
     worker.planner.policy = default_policy(SSDConfig(backup="jit"))
     body = _ask(worker, "stats").stats["fallback"]
-    assert body["mode"] == "jit" and body["batch_threshold"] is None  # forced JIT never leaves
+    assert body["backup"] == "jit" and body["batch_threshold"] is None  # forced JIT never leaves
     auto = default_policy(SSDConfig())
     assert body["auto_batch_threshold"] == auto.batch_threshold()
     assert set(body["backups"]) == {"jit", "ngram", "random"}
@@ -375,6 +376,11 @@ def test_decode_window_and_log_filter() -> None:
         "ssd hit rate: 1.00, wait draft: 100.0 ms, verify: 200.0 ms, T_p: 0.75 (speculator 150 ms:"
         " glue 100.0 ms, tree_1 50.0 ms, lm_head 0.0 ms; target 200 ms)"
         ", D: 4"  # the D in force (the planner's tuner; γ until a build is timed)
+    )
+    # `--ssd-mode sync`: the draft precedes each verify, so the line gives its time, not T_p.
+    assert dataclasses.replace(second, sync=True).log_suffix() == (
+        "ssd hit rate: 1.00, wait draft: 100.0 ms, verify: 200.0 ms, sync draft: 150 ms (glue"
+        " 100.0 ms, tree_1 50.0 ms, lm_head 0.0 ms) before each verify, D: 4"
     )
     other = logging.LogRecord("x", logging.INFO, "f", 1, "Prefill batch", (), None)
     line_filter.filter(other)

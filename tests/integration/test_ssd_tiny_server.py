@@ -110,6 +110,7 @@ def test_reduced_draft_vocabulary_is_in_use(servers, vocab_cache):
     assert stats["faults"] == 0 and stats["restarts"] == 0, stats
     full = requests.get(f"{servers['ssd'].url}/ssd/stats", timeout=60).json()
     assert full["speculator"]["draft_vocab_size"] > kept
+    assert (stats["ssd_mode"], full["ssd_mode"]) == ("sync", "async")  # `--ssd-mode` served
 
 
 def test_concurrent_greedy_matches_autoregressive(servers):
