@@ -41,11 +41,13 @@ FanoutShape = Literal["geometric", "uniform"]
 # The speculator's backup kinds (`saguaro.draft_kinds`), or "auto" (the policy picks per batch).
 BackupChoice = Literal[(*backup_names(), "auto")]  # type: ignore[valid-type]
 PlainRounds = Literal["auto", "never", "always"]
+SyncRounds = Literal["auto", "never", "always"]
 
 MODES: tuple[str, ...] = get_args(Mode)
 FANOUT_SHAPES: tuple[str, ...] = get_args(FanoutShape)
 BACKUPS: tuple[str, ...] = get_args(BackupChoice)
 PLAIN_ROUNDS: tuple[str, ...] = get_args(PlainRounds)
+SYNC_ROUNDS: tuple[str, ...] = get_args(SyncRounds)
 # Static ceilings on what a flag or a live change can make the speculator allocate; the live
 # bound of the fan-out budget (`fanout_budget_limit`) depends on the pool and is usually far lower.
 MAX_FANOUT_BUDGET = 2**16
@@ -362,6 +364,19 @@ class SSDConfig:
             rule="must be an integer ≥ 0 (0: never)",
             metavar="TOKENS",
             parse=int,
+            live=True,
+        ),
+    )
+    sync_rounds: SyncRounds = field(
+        default="never",
+        metadata=flag(
+            "Speculative rounds drafted just in time (a chain from the committed text, no "
+            "pre-speculation) while the speculator's CPU cores are lent to the target's "
+            "verify. auto: when the measured sync round yields more tokens per second than the "
+            "pre-speculated one at its batch size (the other kind re-probed now and then); "
+            "never (default): always pre-speculate; always. Pays where a second core speeds "
+            "the verify more than pre-speculation saves (the 2-core AMX Xeon at batch 1).",
+            choices=SYNC_ROUNDS,
             live=True,
         ),
     )

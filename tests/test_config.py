@@ -66,14 +66,14 @@ def test_every_flag_is_generated_from_its_declaration():
         *("--ssd-fanout", "uniform", "--ssd-beta", "0.5", "--ssd-backup", "ngram"),
         *("--ssd-batch-threshold", "4", "--ssd-draft-device", "cpu", "--ssd-draft-cpus", "1-2"),
         *("--ssd-speculator-timeout", "9", "--ssd-plain-rounds", "never"),
-        *("--ssd-prefill-lend-tokens", "0"),
+        *("--ssd-prefill-lend-tokens", "0", "--ssd-sync-rounds", "auto"),
     ]
     got = SSDConfig.from_namespace(parser.parse_args(argv), lookahead=3)
     expected = SSDConfig(3, "sync", 2, 3, "uniform", 0.5, "ngram", 4, "cpu", (1, 2), 9.0)
-    assert got == expected.replace(plain_rounds="never", prefill_lend_tokens=0)
+    assert got == expected.replace(plain_rounds="never", prefill_lend_tokens=0, sync_rounds="auto")
     assert SSDConfig.from_namespace(parser.parse_args([]), lookahead=4) == SSDConfig()
     live = {"tree_depth", "beta", "fanout_budget", "fanout", "backup", "plain_rounds"}
-    live.add("prefill_lend_tokens")
+    live.update({"prefill_lend_tokens", "sync_rounds"})
     assert set(LIVE_FIELDS) == live
 
 

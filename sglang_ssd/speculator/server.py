@@ -148,7 +148,7 @@ class SpeculatorServer:
         engine.phases.add("send", send_s)
         steps.add("send", send_s)
         steps.last["build"] = 0.0  # until this Step's build, none ran after it
-        if engine.config.mode == "async":
+        if engine.config.mode == "async" and step.prespeculate:
             with steps.phase("build"):
                 self._timed_rest("build", lambda: engine.build(step.requests))
 

@@ -59,7 +59,9 @@ from sglang_ssd.transport.wire import Message as _Message
 # 9: SSDConfig.prefill_lend_tokens (`--ssd-prefill-lend-tokens`, a live setting).
 # 10: StatsReply.stats, a typed `SpeculatorStats` (was `counters`, a dict of named floats).
 # 11: Hello.q_columns and Drafts.q_columns: q travels at the draft vocabulary's width.
-PROTOCOL_VERSION = 11
+# 12: Step.prespeculate (False: no build after this Step, a sync round) and
+# SSDConfig.sync_rounds (`--ssd-sync-rounds`, a live setting).
+PROTOCOL_VERSION = 12
 
 Role = Literal["target", "speculator"]
 StepBackup = Literal[backup_names()]  # type: ignore[valid-type]  # `saguaro.draft_kinds`
@@ -176,9 +178,11 @@ class Step(_Message, tag="step"):
     step_id: strictly increasing per link. outcomes: the last round's results; requests: rids (in
     batch order) that need a draft now; backup: the fallback the target chose for misses;
     tree_depth: D for the pre-speculation after this Step (`DepthTuner`), 0 = the speculator's
-    configured depth. features: spans of target features for an EAGLE-3 head draft; their
-    tensor, `feature_dtype` [Σ count, feature_size] in span order, follows on the tensor link
-    (`link.feature_spec`). Every Step is answered by exactly one `Drafts` with the same step_id.
+    configured depth. prespeculate: False for a round drafted just in time (a sync round, or
+    `--ssd-mode sync`): no pre-speculation follows this Step. features: spans of target
+    features for an EAGLE-3 head draft; their tensor, `feature_dtype` [Σ count,
+    feature_size] in span order, follows on the tensor link (`link.feature_spec`). Every Step
+    is answered by exactly one `Drafts` with the same step_id.
     """
 
     step_id: Id
@@ -186,6 +190,7 @@ class Step(_Message, tag="step"):
     requests: Annotated[list[Rid], Meta(max_length=MAX_BATCH)]
     backup: StepBackup
     tree_depth: Annotated[int, Meta(ge=0, le=MAX_DEPTH)] = 0
+    prespeculate: bool = True
     features: Annotated[list[FeatureSpan], Meta(max_length=MAX_BATCH)] = msgspec.field(
         default_factory=list
     )

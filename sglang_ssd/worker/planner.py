@@ -1,11 +1,13 @@
 """What each decode round does, decided on the target side: `RoundPlanner`.
 
 `SSDWorker` asks the planner once per round for the round's mode (speculate, or a plain round:
-`RoundModePolicy`); in a speculative round the speculator client asks it for the Step's backup
-(`FallbackPolicy`, the cache-miss option for this batch size) and tree depth D (`DepthTuner`)
-when it sends the Step. The planner learns from what the round measured: the speculator's build
-timings as Drafts arrive, then the verified outcomes, then the round's wall time. It holds no
-link and no request state (that is `speculator_client`), so it is tested without a process.
+`RoundModePolicy`) and, for a speculative round, its kind (pre-speculated, or a sync round
+drafted just in time with the speculator's cores lent to the verify: `SyncRoundPolicy`); in a
+speculative round the speculator client asks it for the Step's backup (`FallbackPolicy`, the
+cache-miss option for this batch size) and tree depth D (`DepthTuner`) when it sends the
+Step. The planner learns from what the round measured: the speculator's build timings as Drafts
+arrive, then the verified outcomes, then the round's wall time. It holds no link and no request
+state (that is `speculator_client`), so it is tested without a process.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from sglang_ssd.worker.round_mode import (
     record_request_tokens,
     request_accept_length,
 )
+from sglang_ssd.worker.sync_rounds import SyncRoundPolicy
 from sglang_ssd.worker.tp_sync import RoundPlan
 
 ALL_TOKENS_LEFT = 1 << 30  # tokens left of a request without max_new_tokens
@@ -62,11 +65,13 @@ class DraftSource(Protocol):
 
 @dataclass(frozen=True)
 class StepChoice:
-    """What one Step asks of the speculator: `backup` (a `Backup` value) on a cache miss and
-    `tree_depth` D of the build after it (0: no build, sync mode)."""
+    """What one Step asks of the speculator: `backup` (a `Backup` value) on a cache miss,
+    `tree_depth` D of the build after it (0 in sync mode) and whether that build runs
+    (`prespeculate`: False in sync mode and in sync rounds)."""
 
     backup: str
     tree_depth: int
+    prespeculate: bool = True
 
 
 class RoundPlanner:
@@ -75,6 +80,8 @@ class RoundPlanner:
     Attributes:
         policy: the cache-miss policy (`/ssd/stats`' `fallback` reads it).
         round_mode: speculate or plain (`--ssd-plain-rounds`).
+        sync_rounds: a speculative round pre-speculated or drafted just in time with the cores
+            lent (`--ssd-sync-rounds`).
         tuner: D per build: self-tuned unless `--ssd-tree-depth` (or `POST /ssd/config`) pins it.
     """
 
@@ -82,6 +89,10 @@ class RoundPlanner:
         self.sync = config.mode == "sync"  # not a live setting: fixed for the server's life
         self.policy = default_policy(config)
         self.round_mode = RoundModePolicy(config.plain_rounds)
+        self.sync_rounds = SyncRoundPolicy(config.sync_rounds)
+        self._sync_round = False  # the round being planned is a sync round
+        self._last_sync: bool | None = None  # the kind of the last speculative round
+        self._kinds_seen: set[bool] = set()
         self.tuner = DepthTuner(config.lookahead, pinned=config.tree_depth)
         self.prefill_lend_tokens = config.prefill_lend_tokens
         self._last_mode: RoundMode | None = None
@@ -106,16 +117,17 @@ class RoundPlanner:
         mode = self.plan(reqs)
         if mode == RoundMode.PLAIN:
             return RoundPlan(mode, DraftBatch.plain(len(reqs)))
-        return RoundPlan(mode, client.drafts(reqs, self))
+        self._sync_round = not self.sync and self.sync_rounds.choose(len(reqs))
+        return RoundPlan(mode, client.drafts(reqs, self), sync=self._sync_round)
 
     def step(self, batch_size: int) -> StepChoice:
         """The backup and D of the Step the client sends now for `batch_size` (>= 1) requests.
 
         Asked only when a Step goes out (the tuner's choice moves its state, so a round served
-        by the target's own drafts chooses nothing). Sync mode: JIT and no build.
+        by the target's own drafts chooses nothing). Sync mode and sync rounds: JIT and no build.
         """
-        if self.sync:
-            return StepChoice(backup=draft_kinds.JIT, tree_depth=0)
+        if self.sync or self._sync_round:
+            return StepChoice(backup=draft_kinds.JIT, tree_depth=0, prespeculate=False)
         backup = self.policy.choose(batch_size)
         return StepChoice(backup=backup.value, tree_depth=self._choose_depth(batch_size, backup))
 
@@ -164,6 +176,7 @@ class RoundPlanner:
         accept_lens: Sequence[int],
         verify_s: float | None,
         timing: SpeculatorTiming | None,
+        sync: bool = False,
     ) -> None:
         """Fold a speculative round into the policy's moving averages and the tuner's counts.
 
@@ -173,6 +186,9 @@ class RoundPlanner:
             verify_s: the target's verify forward in seconds (None or 0: not measured).
             timing: the latest usable Drafts' timing (its build and backup seconds), None
                 before any arrived.
+            sync: a sync round (no pre-speculation before it, the verify on lent cores): its
+                hit rate, verify time and build say nothing of pre-speculated rounds, so only
+                its backups' acceptance and latency are folded in.
         """
         by_source: dict[str, list[int]] = {}
         hit_depths: list[int] = []  # the draft depth of each cache hit, in `hits` order
@@ -183,11 +199,12 @@ class RoundPlanner:
                 hit_depths.append(int(depth))
         hits = by_source.get(draft_kinds.CACHE, [])
         self.tuner.observe_hits([n - 1 for n in hits], hit_depths)
-        self.policy.observe(
-            hit_rate=len(hits) / len(accept_lens),
-            t_verify=verify_s if verify_s else None,
-            t_spec=None if timing is None else timing.build_s,
-        )
+        if not sync:
+            self.policy.observe(
+                hit_rate=len(hits) / len(accept_lens),
+                t_verify=verify_s if verify_s else None,
+                t_spec=None if timing is None else timing.build_s,
+            )
         # Hits carry D <= γ tokens: α from the tuner's depth-aware counts, not E(α) = L at γ.
         self.policy.alpha_hit = self.tuner.alpha
         for source in draft_kinds.backup_names():
@@ -213,9 +230,12 @@ class RoundPlanner:
         A speculative round's outcomes go to `client` (sent with the next Step; a plain
         round's tokens reach the speculator as `Outcome.extra` instead) and into the policy's
         and tuner's measurements (`observe_outcomes`), and each request's L_r. The round's wall
-        time goes to `RoundModePolicy`, except a speculative round's right after plain ones (it
-        pays the switch: a cold cache) and each mode's first round since start (one-time costs;
-        nor does that speculative round's accept length count).
+        time goes to `RoundModePolicy` (and a speculative round's, with its tokens, to
+        `SyncRoundPolicy`), except a speculative round's right after plain ones (it pays the
+        switch: a cold cache), one whose kind (sync or not) differs from the speculative round
+        before it (an async round after a sync one has a cold cache, a sync round after an
+        async one may hit the cache built before it) and each mode's and kind's first round
+        since start (one-time costs; nor does such a round's accept length count).
 
         Args:
             outcome: (k, bonus token) per request, batch order.
@@ -234,23 +254,33 @@ class RoundPlanner:
                 self.round_mode.observe(plan.mode, len(reqs), round_s)
             return
         client.record_outcomes([req.rid for req in reqs], accept_lens, bonus)
-        self.observe_outcomes(plan.drafts, accept_lens, verify_s, client.last_timing)
-        if cold or first:
+        self.observe_outcomes(
+            plan.drafts, accept_lens, verify_s, client.last_timing, sync=plan.sync
+        )
+        first_kind = plan.sync not in self._kinds_seen
+        switched = self._last_sync is not None and plan.sync != self._last_sync
+        self._kinds_seen.add(plan.sync)
+        self._last_sync = plan.sync
+        if cold or first or first_kind or switched:
             return
+        mean_tokens = 1.0 + sum(accept_lens) / len(reqs)
+        self.sync_rounds.observe(plan.sync, len(reqs), round_s, mean_tokens)
         self.round_mode.observe(plan.mode, len(reqs), round_s)
-        self.round_mode.observe_accept(len(reqs), 1.0 + sum(accept_lens) / len(reqs))
+        self.round_mode.observe_accept(len(reqs), mean_tokens)
         for req, k in zip(reqs, accept_lens, strict=True):
             record_request_tokens(req, k + 1)
 
     # ------------------------------------------------------------ live settings
     def apply(self, changes: Mapping[str, Any], config: SSDConfig) -> None:
         """Live `changes` (already in `config`, the settings now in force) that steer the
-        planner: a pinned or self-tuned D, the plain-rounds setting, the backup mode, the
-        prefill size that lends the speculator's cores."""
+        planner: a pinned or self-tuned D, the plain-rounds and sync-rounds settings, the
+        backup mode, the prefill size that lends the speculator's cores."""
         if "tree_depth" in changes:  # 0 self-tunes again (the config holds None)
             self.tuner.pin(config.tree_depth)
         if "plain_rounds" in changes:
             self.round_mode.setting = changes["plain_rounds"]
+        if "sync_rounds" in changes:
+            self.sync_rounds.setting = changes["sync_rounds"]
         if "prefill_lend_tokens" in changes:
             self.prefill_lend_tokens = config.prefill_lend_tokens
         if "backup" in changes:
@@ -258,11 +288,13 @@ class RoundPlanner:
 
     def stats(self) -> dict[str, float | int | bool]:
         """For `/ssd/stats`' `speculator`: the tuner's figures, the D in force and the round
-        modes chosen (`RoundModePolicy.stats`); counts are ints."""
+        modes and kinds chosen (`RoundModePolicy.stats`, `SyncRoundPolicy.stats`); counts are
+        ints."""
         return {
             **self.tuner.stats(),
             "tree_depth": self.tree_depth,
             **self.round_mode.stats(),
+            **self.sync_rounds.stats(),
         }
 
 

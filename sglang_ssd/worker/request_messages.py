@@ -74,6 +74,7 @@ def step_message(
         requests=rids,
         backup=choice.backup,
         tree_depth=choice.tree_depth,
+        prespeculate=choice.prespeculate,
         features=spans,
         feature_size=0 if features is None else int(features.shape[1]),
         feature_dtype=feature_dtype(features),

@@ -154,7 +154,7 @@ class RoundModePolicy:
             self._probe_left -= 1
             return RoundMode.SPECULATE
         batch_size = len(accept_lengths)
-        recent = _nearest(self._accept, batch_size)
+        recent = nearest_average(self._accept, batch_size)
         if recent is None and None in accept_lengths:
             return RoundMode.SPECULATE  # nothing measured yet: measure the newcomers
         if self._time(RoundMode.SPECULATE, batch_size, max_ratio=2.0) is None:
@@ -222,7 +222,7 @@ class RoundModePolicy:
 
     def _time(self, mode: RoundMode, batch_size: int, max_ratio: float = math.inf) -> float | None:
         """t_mode at the nearest measured batch size within `max_ratio` of `batch_size`."""
-        return _nearest(self._times[mode], batch_size, max_ratio)
+        return nearest_average(self._times[mode], batch_size, max_ratio)
 
     # ------------------------------------------------------------------ measurements
     def observe(self, mode: RoundMode, batch_size: int, round_s: float) -> None:
@@ -265,7 +265,7 @@ class RoundModePolicy:
         }
 
 
-def _nearest(
+def nearest_average(
     averages: dict[int, Ema], batch_size: int, max_ratio: float = math.inf
 ) -> float | None:
     """The average at the measured batch size nearest to `batch_size` (by ratio; the smaller

@@ -91,10 +91,13 @@ class TpGroup:
 
 @dataclass(frozen=True)
 class RoundPlan:
-    """What a decode round does, as rank 0 decided it: its mode and its drafts."""
+    """What a decode round does, as rank 0 decided it: its mode, its drafts and whether it is a
+    sync round (drafted just in time, verified on the speculator's cores too; rank 0's own
+    choice: the other ranks' forwards do not depend on it, so it is not broadcast)."""
 
     mode: RoundMode
     drafts: DraftBatch
+    sync: bool = False
 
     def width(self, lookahead: int) -> int:
         """W, the positions per request of the round's TARGET_VERIFY forward at γ =
@@ -103,9 +106,9 @@ class RoundPlan:
 
     @property
     def lends_cores(self) -> bool:
-        """Whether the forward runs on the speculator's cores too (a plain round: the
-        speculator is stopped meanwhile, `core_lending`)."""
-        return self.mode == RoundMode.PLAIN
+        """Whether the forward runs on the speculator's cores too (a plain round or a sync
+        round: the speculator is stopped meanwhile, `core_lending`)."""
+        return self.mode == RoundMode.PLAIN or self.sync
 
 
 def plan_size(batch_size: int, lookahead: int) -> int:

@@ -203,7 +203,7 @@ def test_admin_config_round_trip() -> None:
     body = admin.http_body("configure", got)
     assert body["acknowledged"] == {"beta": 0.5, "backup": "ngram", "fanout": "geometric",
                                     "fanout_budget": 8, "plain_rounds": "never",
-                                    "prefill_lend_tokens": 128}  # fmt: skip
+                                    "prefill_lend_tokens": 128, "sync_rounds": "never"}  # fmt: skip
     assert body["config"]["beta"] == 0.5
     assert _ask(worker, "config").config.backup == "ngram"
 
@@ -300,7 +300,7 @@ def test_admin_stats_list_the_speculators_counters_by_field() -> None:
     assert spec["steps"] == 4 and spec["send_s"] == 0.04 and spec["fanout_hits_3"] == 2
     assert spec["faults"] == 1 and spec["drafts_received"] == 4 and spec["phase_s_glue"] == 0.5
     assert "speculator_pid" not in spec and "phase_s" not in spec
-    assert keys[-1] == "round_s_plain_b1" and spec["tree_depth"] == 4  # the planner's
+    assert keys[-1] == "rate_async_b1" and spec["tree_depth"] == 4  # the planner's
     averages = [body[f"avg_speculator_{name}_s"] for name in ("build", "lookup", "backup", "send")]
     assert averages == pytest.approx([0.5, 0.1, 0.2, 0.01]) and body["speculator_up"] is True
 

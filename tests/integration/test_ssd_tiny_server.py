@@ -168,6 +168,39 @@ def test_plain_rounds_switched_mid_request_keep_greedy_output(servers):
     assert stats["faults"] == faults  # a stopped speculator never looked dead or late
 
 
+def test_sync_rounds_switched_mid_request_keep_greedy_output(servers):
+    """Sync rounds (`--ssd-sync-rounds`, live: drafted just in time, no pre-speculation, the
+    verify on the speculator's core too) switched always / never / auto while one long request
+    decodes: each switch back hands pre-speculation a cold cache, and the output stays the
+    target's; the sync rounds ran on lent cores, and a stopped speculator never looked dead."""
+    url = servers["ssd"].url
+    prompt, n = PROMPTS[2], 150
+
+    def speculator_stats() -> dict:
+        return requests.get(f"{url}/ssd/stats", timeout=60).json()
+
+    expected = _generate(servers["ar"], prompt, n, temperature=0, ignore_eos=True)
+    before = speculator_stats()
+    settings = itertools.cycle(["always", "never", "auto"])
+    try:
+        with cf.ThreadPoolExecutor(1) as pool:
+            run = pool.submit(_generate, servers["ssd"], prompt, n, temperature=0, ignore_eos=True)
+            while not run.done():
+                body = {"sync_rounds": next(settings)}
+                assert requests.post(f"{url}/ssd/config", json=body, timeout=60).ok
+                time.sleep(0.05)
+            got = run.result()
+    finally:
+        requests.post(f"{url}/ssd/config", json={"sync_rounds": "never"}, timeout=60)
+    assert got["output_ids"] == expected["output_ids"]
+    after = speculator_stats()
+    sync = after["speculator"]["sync_rounds"] - before["speculator"]["sync_rounds"]
+    ahead = after["speculator"]["async_rounds"] - before["speculator"]["async_rounds"]
+    assert sync > 0 and ahead > 0, (sync, ahead)
+    assert after["speculator"]["cores_lent"] - before["speculator"]["cores_lent"] >= sync
+    assert after["faults"] == before["faults"]
+
+
 def test_long_prefills_lend_the_speculators_core_and_keep_greedy_output(servers):
     """`--ssd-prefill-lend-tokens` (live): a prefill of at least that many new tokens runs on
     the speculator's core too (the speculator stopped, then prefilling the draft after it);

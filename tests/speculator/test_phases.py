@@ -79,6 +79,25 @@ def test_the_step_sets_the_depth_of_the_build_after_it(tiny_draft) -> None:
     assert "tree_4" in third.timing.phases
 
 
+def test_a_step_without_prespeculation_builds_nothing_after_it(tiny_draft) -> None:
+    """Step.prespeculate False (a sync round): the drafts are served, no build follows, so the
+    next Step misses the cache and its draft is just in time again; True builds again (a
+    Drafts' timing covers the build after the Step before it)."""
+    engine = _engine(tiny_draft)
+    outcome = [Outcome(rid="r", accept_len=0, bonus=7)]
+    messages = [Open(rid="r", token_ids=PROMPT, sampling=GREEDY, prespeculate=False)]
+    for step_id, prespeculate in ((1, False), (2, False), (3, True), (4, True)):
+        outcomes = outcome if step_id > 1 else []
+        step = Step(step_id=step_id, outcomes=outcomes, requests=["r"], backup="jit",
+                    prespeculate=prespeculate)  # fmt: skip
+        messages.append(step)
+    SpeculatorServer(link := QueuedLink(engine, messages), engine, parent_pid=os.getppid()).run()
+    timings = [drafts.timing for drafts, _ in link.replies]
+    assert [t.build_forwards for t in timings] == [0, 0, 0, timings[3].build_forwards]
+    assert timings[3].build_forwards > 0 and "tree_1" in timings[3].phases
+    assert [d.entries[0].source for d, _ in link.replies[:3]] == ["jit"] * 3  # no cache to hit
+
+
 def test_phase_timer_totals_means_and_the_log_summary() -> None:
     timer = PhaseTimer()
     with timer.phase("glue"):

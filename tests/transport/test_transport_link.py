@@ -98,6 +98,7 @@ def test_rounds_replies_and_shutdown() -> None:
                     backup="jit",
                     plain_rounds="auto",
                     prefill_lend_tokens=128,
+                    sync_rounds="never",
                 )
                 spec.send(m.ConfigureAck(applied=applied))
             elif isinstance(msg, m.StatsRequest):

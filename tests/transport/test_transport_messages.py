@@ -175,6 +175,7 @@ def test_live_settings_are_the_live_fields_of_ssd_config() -> None:
         "backup",
         "plain_rounds",
         "prefill_lend_tokens",
+        "sync_rounds",
     )
     assert wire.LiveSettings.__struct_fields__ == LIVE_FIELDS
     for name, kind in typing.get_type_hints(wire.LiveSettings).items():
@@ -187,6 +188,7 @@ def test_live_settings_are_the_live_fields_of_ssd_config() -> None:
         "backup": "auto",
         "plain_rounds": "never",
         "prefill_lend_tokens": 128,
+        "sync_rounds": "never",
     }
     assert wire.LiveSettings(fanout="uniform").given() == {"fanout": "uniform"}
     with pytest.raises(ValueError, match="--ssd-beta must be in"):

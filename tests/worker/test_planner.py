@@ -20,6 +20,7 @@ from sglang_ssd.worker.draft_provider import LocalNgramProvider
 from sglang_ssd.worker.planner import RoundPlanner, StepChoice, default_policy
 from sglang_ssd.worker.round_mode import RoundMode
 from sglang_ssd.worker.speculator_client import SpeculatorClient
+from sglang_ssd.worker.sync_rounds import ASYNC, SYNC
 
 GAMMA = 4
 
@@ -63,7 +64,7 @@ def test_the_step_carries_the_backup_and_depth_in_force() -> None:
     planner.apply({"tree_depth": 0}, config.replace(tree_depth=None))  # self-tunes from D = 2
     assert planner.stats()["tree_depth_pinned"] == 0.0 and planner.step(1).tree_depth == 2
     sync = RoundPlanner(SSDConfig(lookahead=GAMMA, mode="sync", backup="ngram"))
-    assert sync.step(8) == StepChoice(backup="jit", tree_depth=0) and sync.tree_depth == 0
+    assert sync.step(8) == StepChoice("jit", 0, prespeculate=False) and sync.tree_depth == 0
 
 
 class StepSpy(RoundPlanner):
@@ -150,9 +151,10 @@ class OutcomeSpy:
     def __init__(self) -> None:
         self.local = LocalNgramProvider(GAMMA)
         self.outcomes: list[tuple[list[str], list[int], list[int]]] = []
+        self.choices: list[StepChoice] = []
 
     def drafts(self, reqs: Any, planner: RoundPlanner) -> DraftBatch:
-        planner.step(len(reqs))
+        self.choices.append(planner.step(len(reqs)))
         return self.local.drafts(reqs)
 
     def record_outcomes(self, rids: Any, accept_lens: list[int], bonus: list[int]) -> None:
@@ -192,6 +194,47 @@ def test_a_round_closes_by_its_mode() -> None:
     assert client.outcomes[-1] == (["a"], [0], [9])
     assert planner.round_mode.rate(RoundMode.SPECULATE, 1) == pytest.approx(1 / 0.5)
     assert reqs[0].ssd_accept_length.count == 1
+
+
+def test_a_sync_round_drafts_just_in_time_on_lent_cores() -> None:
+    """`--ssd-sync-rounds`: a sync round asks a just-in-time draft with no pre-speculation
+    after it and verifies on the speculator's cores too; its times and tokens go to the sync
+    policy (not the first round of a kind, nor one right after the other kind), never its hit
+    rate or verify time to the miss policy (no pre-speculation ran before it)."""
+    config = SSDConfig(lookahead=GAMMA, sync_rounds="always")
+    planner, client, reqs = RoundPlanner(config), OutcomeSpy(), [req("a")]
+    before = (planner.policy.p_hit, planner.policy.t_verify)
+    sync = planner.plan_round(reqs, client)
+    assert sync.mode == RoundMode.SPECULATE and sync.sync and sync.lends_cores
+    assert sync.width(GAMMA) == GAMMA + 1
+    assert client.choices == [StepChoice("jit", 0, prespeculate=False)]
+    planner.close_round(client, reqs, sync, ([3], [7]), 0.2, 1.5)  # the first: one-time costs
+    planner.close_round(client, reqs, sync, ([3], [7]), 0.2, 0.5)
+    assert planner.sync_rounds.rate(SYNC, 1) == pytest.approx(4 / 0.5)
+    assert planner.round_mode.rate(RoundMode.SPECULATE, 1, 4.0) == pytest.approx(4 / 0.5)
+    assert (planner.policy.p_hit, planner.policy.t_verify) == before
+    assert (planner.stats()["sync_rounds"], planner.stats()["async_rounds"]) == (1, 0)
+
+    planner.apply({"sync_rounds": "never"}, config)
+    ahead = planner.plan_round(reqs, client)
+    assert not ahead.sync and not ahead.lends_cores and client.choices[-1].prespeculate
+    planner.close_round(client, reqs, ahead, ([0], [7]), 0.3, 0.9)  # cold after a sync round
+    assert planner.sync_rounds.rate(ASYNC, 1) is None
+    assert planner.policy.p_hit != before[0]  # pre-speculated rounds teach the miss policy
+    planner.close_round(client, reqs, ahead, ([2], [7]), 0.3, 0.6)
+    assert planner.sync_rounds.rate(ASYNC, 1) == pytest.approx(3 / 0.6)
+
+    planner.apply({"sync_rounds": "always"}, config)
+    again = planner.plan_round(reqs, client)  # may hit the cache built after `ahead`
+    planner.close_round(client, reqs, again, ([3], [7]), 0.2, 0.1)
+    assert planner.sync_rounds.rate(SYNC, 1) == pytest.approx(4 / 0.5)  # not measured
+
+
+def test_sync_mode_never_runs_sync_rounds() -> None:
+    """`--ssd-mode sync` drafts every round just in time already, on its own cores."""
+    planner = RoundPlanner(SSDConfig(lookahead=GAMMA, mode="sync", sync_rounds="always"))
+    plan = planner.plan_round([req("a")], OutcomeSpy())
+    assert not plan.sync and not plan.lends_cores
 
 
 def test_long_prefills_lend_the_speculators_cores_from_the_live_threshold() -> None:
