@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 
 from sglang_ssd.config import PLAIN_ROUNDS
 from sglang_ssd.saguaro.averages import Ema
+from sglang_ssd.worker.probes import ProbeSchedule
 
 
 def plain_rounds_refusal(setting: str, target_device: str) -> str | None:
@@ -73,11 +74,11 @@ class RoundModePolicy:
         ema_weight: weight in (0, 1] of a new round time in the moving averages.
         plain_prior: t_plain(b) / t_spec(b) assumed before a plain round at b was measured
             (0.5: 2-core decode against a 1-core verify on this project's CPUs).
-        probe_rounds: speculative rounds per probe while plain rounds are in use.
-        backoff_min, backoff_max: plain rounds between probes; doubles from min to max each
-            time a probe confirms plain rounds, back to min when speculation takes over.
+        probes: speculative probes while plain rounds are in use (4 rounds each, after 16 to
+            256 plain rounds: the interval doubles each time a probe confirms plain rounds and
+            starts again at 16 when speculation takes over).
         probe_share: probes take at most this share of the plain rounds' time between them:
-            at least probe_rounds x t_spec(b) / (probe_share x t_plain(b)) plain rounds pass
+            at least probe rounds x t_spec(b) / (probe_share x t_plain(b)) plain rounds pass
             between probes (a speculative round at b = 4 and 8 cost 3-3.5 plain ones on the
             2-core EPYC, so 16 plain rounds between 4-round probes spent half the time in them).
         margin: the other mode must be rated this factor faster to take over (≥ 1). A switch
@@ -92,17 +93,12 @@ class RoundModePolicy:
     setting: str = "auto"
     ema_weight: float = 0.3
     plain_prior: float = 0.5
-    probe_rounds: int = 4
-    backoff_min: int = 16
-    backoff_max: int = 256
+    probes: ProbeSchedule = field(default_factory=ProbeSchedule)
     probe_share: float = 0.2
     margin: float = 1.3
     _times: dict[RoundMode, dict[int, Ema]] = field(init=False)
     _accept: dict[int, Ema] = field(init=False)
     _current: RoundMode = field(init=False, default=RoundMode.SPECULATE)
-    _probe_left: int = field(init=False, default=0)
-    _since_probe: int = field(init=False, default=0)
-    _backoff: int = field(init=False)
     rounds: dict[RoundMode, int] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -110,15 +106,12 @@ class RoundModePolicy:
             raise ValueError(f"setting must be one of {PLAIN_ROUNDS}, got {self.setting!r}")
         if not 0.0 < self.ema_weight <= 1.0 or not self.plain_prior > 0.0:
             raise ValueError("ema_weight must be in (0, 1] and plain_prior > 0")
-        if self.probe_rounds < 1 or not 1 <= self.backoff_min <= self.backoff_max:
-            raise ValueError("need probe_rounds >= 1 and 1 <= backoff_min <= backoff_max")
         if not 0.0 < self.probe_share <= 1.0:
             raise ValueError(f"probe_share must be in (0, 1], got {self.probe_share}")
         if self.margin < 1.0:
             raise ValueError(f"margin must be >= 1, got {self.margin}")
         self._times = {mode: {} for mode in RoundMode}
         self._accept = {}
-        self._backoff = self.backoff_min
         self.rounds = {mode: 0 for mode in RoundMode}
 
     # ------------------------------------------------------------------ choice
@@ -150,8 +143,7 @@ class RoundModePolicy:
         return mode
 
     def _auto(self, accept_lengths: Sequence[float | None]) -> RoundMode:
-        if self._probe_left > 0:
-            self._probe_left -= 1
+        if self.probes.probing():
             return RoundMode.SPECULATE
         batch_size = len(accept_lengths)
         recent = nearest_average(self._accept, batch_size)
@@ -165,17 +157,11 @@ class RoundModePolicy:
         preferred = self.preferred(batch_size, sum(known) / batch_size)
         if preferred != self._current:
             self._current = preferred
-            self._since_probe = 0
-            if preferred == RoundMode.SPECULATE:
-                self._backoff = self.backoff_min
+            self.probes.changed(reset_backoff=preferred == RoundMode.SPECULATE)
         if self._current == RoundMode.SPECULATE:
             return RoundMode.SPECULATE
-        self._since_probe += 1
         # Plain held: probe speculation, then wait longer.
-        if self._since_probe > max(self._backoff, self._probe_spacing(batch_size)):
-            self._since_probe = 0
-            self._backoff = min(2 * self._backoff, self.backoff_max)
-            self._probe_left = self.probe_rounds - 1
+        if self.probes.due(self._probe_spacing(batch_size)):
             return RoundMode.SPECULATE
         return RoundMode.PLAIN
 
@@ -186,7 +172,7 @@ class RoundModePolicy:
         plain = self._time(RoundMode.PLAIN, batch_size)
         if spec is None or plain is None:  # `observe` keeps every time > 0
             return 0
-        return math.ceil(self.probe_rounds * spec / (self.probe_share * plain))
+        return math.ceil(self.probes.rounds * spec / (self.probe_share * plain))
 
     def preferred(self, batch_size: int, accept_length: float) -> RoundMode:
         """The mode rated faster for `batch_size` requests whose mean L_r is `accept_length`;

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 from sglang_ssd.config import SYNC_ROUNDS
 from sglang_ssd.saguaro.averages import Ema
+from sglang_ssd.worker.probes import ProbeSchedule
 from sglang_ssd.worker.round_mode import nearest_average
 
 ASYNC, SYNC = False, True  # a speculative round's kind: pre-speculated, or just in time
@@ -46,10 +47,9 @@ class SyncRoundPolicy:
     Attributes:
         setting: "auto" (measure and choose), "never" (always async), "always" (always sync).
         ema_weight: weight in (0, 1] of a new round in the moving averages.
-        probe_rounds: rounds of the other kind per probe (an async probe's first is cold and
-            not measured).
-        backoff_min, backoff_max: rounds between probes; doubles from min to max each time a
-            probe confirms the kind in use, back to min when the other kind takes over.
+        probes: probes of the other kind (4 rounds each, an async probe's first cold and not
+            measured, after 16 to 256 rounds: the interval doubles each time a probe confirms
+            the kind in use and starts again at 16 when the other kind takes over).
         margin: the other kind must be rated this factor faster to take over (>= 1).
 
     Raises:
@@ -58,16 +58,11 @@ class SyncRoundPolicy:
 
     setting: str = "never"
     ema_weight: float = 0.3
-    probe_rounds: int = 4
-    backoff_min: int = 16
-    backoff_max: int = 256
+    probes: ProbeSchedule = field(default_factory=ProbeSchedule)
     margin: float = 1.1
     _times: dict[bool, dict[int, Ema]] = field(init=False)
     _tokens: dict[bool, dict[int, Ema]] = field(init=False)
     _current: bool = field(init=False, default=ASYNC)
-    _probe_left: int = field(init=False, default=0)
-    _since_probe: int = field(init=False, default=0)
-    _backoff: int = field(init=False)
     rounds: dict[bool, int] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -75,13 +70,10 @@ class SyncRoundPolicy:
             raise ValueError(f"setting must be one of {SYNC_ROUNDS}, got {self.setting!r}")
         if not 0.0 < self.ema_weight <= 1.0:
             raise ValueError(f"ema_weight must be in (0, 1], got {self.ema_weight}")
-        if self.probe_rounds < 1 or not 1 <= self.backoff_min <= self.backoff_max:
-            raise ValueError("need probe_rounds >= 1 and 1 <= backoff_min <= backoff_max")
         if self.margin < 1.0:
             raise ValueError(f"margin must be >= 1, got {self.margin}")
         self._times = {ASYNC: {}, SYNC: {}}
         self._tokens = {ASYNC: {}, SYNC: {}}
-        self._backoff = self.backoff_min
         self.rounds = {ASYNC: 0, SYNC: 0}
 
     def choose(self, batch_size: int) -> bool:
@@ -97,21 +89,17 @@ class SyncRoundPolicy:
         return sync
 
     def _auto(self, batch_size: int) -> bool:
-        if self._probe_left > 0:
-            self._probe_left -= 1
+        if self.probes.probing():
             return not self._current
         for kind in (ASYNC, SYNC):  # measure each kind near this batch size, async first
             if self.rate(kind, batch_size, max_ratio=2.0) is None:
                 return kind
         preferred = self.preferred(batch_size)
         if preferred != self._current:
-            self._current, self._since_probe, self._backoff = preferred, 0, self.backoff_min
+            self._current = preferred
+            self.probes.changed()
             return self._current
-        self._since_probe += 1
-        if self._since_probe > self._backoff:  # probe the other kind, then wait longer
-            self._since_probe = 0
-            self._backoff = min(2 * self._backoff, self.backoff_max)
-            self._probe_left = self.probe_rounds - 1
+        if self.probes.due():  # probe the other kind, then wait longer
             return not self._current
         return self._current
 

@@ -140,25 +140,33 @@ def test_speculator_is_a_separate_process_on_disjoint_cores(servers):
     assert target_cpus and draft_cpus and not target_cpus & draft_cpus
 
 
+def _switching_mid_request(servers, prompt: str, setting: str) -> tuple[dict, dict]:
+    """One 150-token greedy request on the shared SSD server while the live `setting` cycles
+    always / never / auto every 50 ms (back to never at the end); returns (SSD's response,
+    AR's response to the same request)."""
+    url, n = servers["ssd"].url, 150
+    expected = _generate(servers["ar"], prompt, n, temperature=0, ignore_eos=True)
+    values = itertools.cycle(["always", "never", "auto"])
+    try:
+        with cf.ThreadPoolExecutor(1) as pool:
+            run = pool.submit(_generate, servers["ssd"], prompt, n, temperature=0, ignore_eos=True)
+            while not run.done():
+                body = {setting: next(values)}
+                assert requests.post(f"{url}/ssd/config", json=body, timeout=60).ok
+                time.sleep(0.05)
+            got = run.result()
+    finally:
+        requests.post(f"{url}/ssd/config", json={setting: "never"}, timeout=60)
+    return got, expected
+
+
 def test_plain_rounds_switched_mid_request_keep_greedy_output(servers):
     """Plain rounds (no draft, the speculator stopped, its core lent to the target) switched on
     and off while one long request decodes: each switch back to speculation hands the
     speculator the plain rounds' tokens (`Outcome.extra`), and the output stays the target's."""
     url = servers["ssd"].url
-    prompt, n = PROMPTS[1], 150
-    expected = _generate(servers["ar"], prompt, n, temperature=0, ignore_eos=True)
     faults = requests.get(f"{url}/ssd/stats", timeout=60).json()["faults"]
-    settings = itertools.cycle(["always", "never", "auto"])
-    try:
-        with cf.ThreadPoolExecutor(1) as pool:
-            run = pool.submit(_generate, servers["ssd"], prompt, n, temperature=0, ignore_eos=True)
-            while not run.done():
-                body = {"plain_rounds": next(settings)}
-                assert requests.post(f"{url}/ssd/config", json=body, timeout=60).ok
-                time.sleep(0.05)
-            got = run.result()
-    finally:
-        requests.post(f"{url}/ssd/config", json={"plain_rounds": "never"}, timeout=60)
+    got, expected = _switching_mid_request(servers, PROMPTS[1], "plain_rounds")
     assert got["output_ids"] == expected["output_ids"]
     meta = got["meta_info"]
     assert 0 < meta["ssd_plain_rounds"] < meta["ssd_rounds"]
@@ -174,24 +182,12 @@ def test_sync_rounds_switched_mid_request_keep_greedy_output(servers):
     decodes: each switch back hands pre-speculation a cold cache, and the output stays the
     target's; the sync rounds ran on lent cores, and a stopped speculator never looked dead."""
     url = servers["ssd"].url
-    prompt, n = PROMPTS[2], 150
 
     def speculator_stats() -> dict:
         return requests.get(f"{url}/ssd/stats", timeout=60).json()
 
-    expected = _generate(servers["ar"], prompt, n, temperature=0, ignore_eos=True)
     before = speculator_stats()
-    settings = itertools.cycle(["always", "never", "auto"])
-    try:
-        with cf.ThreadPoolExecutor(1) as pool:
-            run = pool.submit(_generate, servers["ssd"], prompt, n, temperature=0, ignore_eos=True)
-            while not run.done():
-                body = {"sync_rounds": next(settings)}
-                assert requests.post(f"{url}/ssd/config", json=body, timeout=60).ok
-                time.sleep(0.05)
-            got = run.result()
-    finally:
-        requests.post(f"{url}/ssd/config", json={"sync_rounds": "never"}, timeout=60)
+    got, expected = _switching_mid_request(servers, PROMPTS[2], "sync_rounds")
     assert got["output_ids"] == expected["output_ids"]
     after = speculator_stats()
     sync = after["speculator"]["sync_rounds"] - before["speculator"]["sync_rounds"]

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from sglang_ssd.worker.core_lending import CoreLending
+from sglang_ssd.worker.probes import ProbeSchedule
 from sglang_ssd.worker.request_messages import outcome_since
 from sglang_ssd.worker.round_mode import (
     MIN_REQUEST_ROUNDS,
@@ -37,7 +38,7 @@ def _drive(policy: RoundModePolicy, rounds: int, spec_s: float, plain_s: float, 
 
 def test_slow_speculation_turns_plain_and_probes_with_backoff():
     """L 1.8 per 0.5 s speculating (3.6 tok/s) against 1 per 0.2 s plain (5 tok/s)."""
-    policy = RoundModePolicy(backoff_min=8, backoff_max=64, margin=1.05)
+    policy = RoundModePolicy(probes=ProbeSchedule(backoff_min=8, backoff_max=64), margin=1.05)
     modes = _drive(policy, 400, spec_s=0.5, plain_s=0.2, length=1.8)
     # Speculation is measured at b = 1, then one plain round, and speculation loses.
     assert modes[:3] == [SPEC, PLAIN, PLAIN]

@@ -7,6 +7,7 @@ import itertools
 
 import pytest
 
+from sglang_ssd.worker.probes import ProbeSchedule
 from sglang_ssd.worker.sync_rounds import ASYNC, SYNC, SyncRoundPolicy
 
 # Measured on the 2-core AMX Xeon at batch 1 (eval/results/ssd-bench-equal-b1-greedy-xeon-amx.json):
@@ -54,7 +55,7 @@ def test_the_kind_in_use_keeps_its_place_within_the_margin() -> None:
 
 
 def test_the_other_kind_is_probed_at_doubling_intervals() -> None:
-    policy = SyncRoundPolicy("auto", probe_rounds=4, backoff_min=16, backoff_max=64)
+    policy = SyncRoundPolicy("auto", probes=ProbeSchedule(4, backoff_min=16, backoff_max=64))
     kinds = run(policy, 3 + 16 + 4 + 32 + 4 + 64 + 4 + 64 + 4)
     assert kinds[:3] == [ASYNC, SYNC, SYNC]  # sync took over at the third round
     runs = [(kind, len(list(group))) for kind, group in itertools.groupby(kinds[3:])]
@@ -64,7 +65,7 @@ def test_the_other_kind_is_probed_at_doubling_intervals() -> None:
 
 
 def test_a_probe_that_finds_the_other_kind_faster_switches() -> None:
-    policy = SyncRoundPolicy("auto", probe_rounds=2, backoff_min=4)
+    policy = SyncRoundPolicy("auto", probes=ProbeSchedule(2, backoff_min=4))
     run(policy, 3)
     assert policy.sync_now
     for _ in range(40):  # the text turns predictable: pre-speculation now accepts far more
@@ -89,6 +90,9 @@ def test_bad_settings_and_observations_are_refused() -> None:
         SyncRoundPolicy("sometimes")
     with pytest.raises(ValueError, match="margin"):
         SyncRoundPolicy("auto", margin=0.9)
+    for rounds, low, high in ((0, 16, 256), (4, 0, 256), (4, 32, 16)):
+        with pytest.raises(ValueError, match="backoff"):
+            ProbeSchedule(rounds, low, high)
     policy = SyncRoundPolicy("auto")
     with pytest.raises(ValueError):
         policy.choose(0)
