@@ -2,12 +2,13 @@
 
 SGLang's HTTP server runs in the main process, the `SSDWorker` in the scheduler subprocess.
 The bridge is a ZMQ REP socket that the scheduler binds once its SSD worker exists
-(`AdminServer`, a daemon thread), on an ipc:// path both processes derive from the server's
-`PortArgs.instance_id` and the scheduler's DP replica (`admin_address`; SGLang gives every
-replica the server's instance id). With `--dp-size` N > 1 the HTTP process asks every replica
-and lists their answers (`combine`). Requests and replies are typed msgpack messages
-(`AdminRequest` / `AdminReply` in `sglang_ssd.transport.admin_messages`), never pickle. The main
-process adds the routes to SGLang's FastAPI app and forwards each call
+(`AdminServer`, a daemon thread), on an abstract ipc:// name (Linux's abstract socket namespace:
+no file, so a scheduler killed without its exit handlers leaves nothing behind) both processes
+derive from the server's `PortArgs.instance_id` and the scheduler's DP replica (`admin_address`;
+SGLang gives every replica the server's instance id). With `--dp-size` N > 1 the HTTP process
+asks every replica and lists their answers (`combine`). Requests and replies are typed msgpack
+messages (`AdminRequest` / `AdminReply` in `sglang_ssd.transport.admin_messages`), never pickle.
+The main process adds the routes to SGLang's FastAPI app and forwards each call
 (`sglang_ssd.integration.admin_routes`). Live changes (`LiveSettings`, generated from
 `SSDConfig`'s declarations) go through `SpeculatorAdmin.configure`, which takes the speculator
 client's lock (so they land between rounds), tells the round planner and the speculator.
@@ -15,12 +16,10 @@ client's lock (so they land between rounds), tells the round planner and the spe
 
 from __future__ import annotations
 
-import atexit
 import copy
 import logging
 import os
 import re
-import tempfile
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -60,10 +59,11 @@ class AdminError(Exception):
 
 def admin_address(port_args: Any, dp_rank: int = 0) -> str:
     """The ipc:// address of the admin socket of DP replica `dp_rank` of the server that owns
-    `port_args`."""
+    `port_args`: an abstract name (``ipc://@...``), which the kernel frees with the socket, so
+    none is left on disk (SGLang kills its scheduler on shutdown before exit handlers run: 450
+    socket files were found left in /tmp when the bridge used paths)."""
     tag = getattr(port_args, "instance_id", None) or str(os.getpid())
-    name = f"sglang-ssd-admin-{tag}-dp{dp_rank}"
-    return f"ipc://{os.path.join(tempfile.gettempdir(), name)}"
+    return f"ipc://@sglang-ssd-admin-{tag}-dp{dp_rank}"
 
 
 def admin_addresses(port_args: Any, dp_size: int) -> list[str]:
@@ -250,8 +250,6 @@ class AdminServer:
         except zmq.ZMQError as exc:
             logger.error("SSD admin: cannot bind %s: %s", self.address, exc)
             return
-        path = self.address.removeprefix("ipc://")
-        atexit.register(lambda: os.path.exists(path) and os.unlink(path))
         logger.info("SSD admin endpoint bridge listening on %s", self.address)
         while True:
             socket.send(reply_frame(self.worker, socket.recv(), self.scheduler))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -341,6 +343,17 @@ def test_admin_stats_report_the_fallback_threshold() -> None:
     assert body["auto_batch_threshold"] == auto.batch_threshold()
     assert set(body["backups"]) == {"jit", "ngram", "random"}
     assert worker.planner.policy.mode == "jit"  # the copy changed, not the live policy
+
+
+def test_the_admin_socket_leaves_no_file(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bridge binds an abstract ipc name (no file): SGLang kills the scheduler on shutdown
+    before its exit handlers run, and a new user found 450 socket files left in /tmp when the
+    bridge bound a path there."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    address = admin.admin_address(SimpleNamespace(instance_id=f"test-{os.getpid()}"))
+    admin.AdminServer(FakeWorker(), address).start()
+    assert admin.ask(address, AdminRequest(op="config"), timeout_s=10).config.beta == 1.0
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_admin_socket_round_trip(tmp_path) -> None:
