@@ -14,12 +14,16 @@ eval/results/ssd-bench-equal-b1-greedy-xeon-amx.json); on the AVX-512 EPYC, wher
 core helps the verify less, SSD won. Per batch size b the policy keeps moving averages of each
 kind's round time and tokens per request (k + 1, bonus included) and runs the kind with the
 higher tokens per second, the other kind taking over only when it is rated `margin` times
-faster. A batch size with a kind not measured within a factor 2 runs that kind to measure it
-(async first). While one kind holds, the other is probed for `probe_rounds` rounds at intervals
-that double while the probe confirms the choice (exponential backoff). The caller does not
-measure the first round of each kind since start, nor an async round right after a sync one
-(its cache is cold: no pre-speculation ran during the sync round), so an async probe needs two
-rounds for one measurement.
+faster. Each run of a kind starts its averages afresh at the batch sizes it measures, so a
+probe replaces what the kind measured before instead of blending with it (a new user's server
+judged pre-speculation by the startup warm-up's slow rounds, 4.0 tokens per second against
+13.0 measured warm later, and probes averaged into that stayed below the sync rounds' 10.3).
+A batch size with a kind not measured within a factor 2 runs that kind to measure it (async
+first). While one kind holds, the other is probed for a few rounds at intervals that double
+while the probe confirms the choice (`ProbeSchedule`). The caller does not measure the first
+round of each kind since start, nor the first round after a switch of kind (an async round
+after sync ones has a cold cache: no pre-speculation ran; a sync round after async ones may hit
+the cache built before it), so a probe of 4 rounds gives 3 measurements.
 
 "never" (default) always pre-speculates, "always" drafts every speculative round just in time
 with the cores lent (`--ssd-mode sync`'s drafting on SSD's placement), "auto" chooses. Plain
@@ -63,6 +67,8 @@ class SyncRoundPolicy:
     _times: dict[bool, dict[int, Ema]] = field(init=False)
     _tokens: dict[bool, dict[int, Ema]] = field(init=False)
     _current: bool = field(init=False, default=ASYNC)
+    _last_observed: bool | None = field(init=False, default=None)
+    _run_sizes: set[int] = field(init=False, default_factory=set)
     rounds: dict[bool, int] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -143,8 +149,14 @@ class SyncRoundPolicy:
                 f"need batch_size >= 1, round_s > 0, mean_tokens >= 1; got {batch_size}, "
                 f"{round_s}, {mean_tokens}"
             )
-        self._times[sync].setdefault(batch_size, Ema(self.ema_weight)).add(round_s)
-        self._tokens[sync].setdefault(batch_size, Ema(self.ema_weight)).add(mean_tokens)
+        if sync != self._last_observed:  # a new run of this kind
+            self._last_observed, self._run_sizes = sync, set()
+        if batch_size not in self._run_sizes:  # its figures at this size from earlier runs
+            self._run_sizes.add(batch_size)  # are stale: start afresh
+            self._times[sync][batch_size] = Ema(self.ema_weight)
+            self._tokens[sync][batch_size] = Ema(self.ema_weight)
+        self._times[sync][batch_size].add(round_s)
+        self._tokens[sync][batch_size].add(mean_tokens)
 
     def stats(self) -> dict[str, float | int]:
         """For `/ssd/stats`' `speculator`: speculative rounds by kind (counts), the kind in use

@@ -74,6 +74,25 @@ def test_a_probe_that_finds_the_other_kind_faster_switches() -> None:
     assert not policy.sync_now
 
 
+def test_a_probe_replaces_a_stale_estimate() -> None:
+    """Each run of a kind measures afresh at its batch sizes: pre-speculation judged by slow
+    early rounds (4 tokens/s) is rated by the probe's own rounds (13 tokens/s), not a blend of
+    both, and takes over at once; another batch size keeps its figures."""
+    policy = SyncRoundPolicy("auto", probes=ProbeSchedule(4, backoff_min=4))
+    policy.observe(ASYNC, 4, 1.0, 2.0)
+    policy.observe(ASYNC, 1, 1.0, 4.0)  # slow first rounds (a cold start)
+    policy.observe(SYNC, 1, 0.5, 5.0)  # 10 tokens/s
+    assert policy.choose(1) == SYNC and policy.sync_now
+    kinds = [policy.choose(1) for _ in range(5)]
+    assert kinds == [SYNC] * 4 + [ASYNC]  # the probe begins
+    policy.observe(ASYNC, 1, 0.3, 3.9)  # warm: 13 tokens/s
+    assert policy.rate(ASYNC, 1) == pytest.approx(13.0)
+    assert policy.rate(ASYNC, 4) == pytest.approx(2.0)  # not measured in this run: kept
+    for _ in range(3):
+        policy.choose(1)  # the probe's other rounds
+    assert policy.choose(1) == ASYNC and not policy.sync_now
+
+
 def test_each_batch_size_is_measured_near_itself() -> None:
     policy = SyncRoundPolicy("auto")
     run(policy, 3, batch_size=1)
