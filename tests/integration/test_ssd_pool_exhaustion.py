@@ -20,7 +20,7 @@ from pair_servers import beside_shared_ar, ssd_stats
 
 from eval.servers import Server
 
-POOL = 300
+POOL = 200
 PROMPTS = [
     "def compute_total(items, limit):~    ",
     "def merge_node(left, right):~    if left > 3:~",
