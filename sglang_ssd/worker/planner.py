@@ -92,7 +92,6 @@ class RoundPlanner:
         self.sync_rounds = SyncRoundPolicy(config.sync_rounds)
         self._sync_round = False  # the round being planned is a sync round
         self._last_sync: bool | None = None  # the kind of the last speculative round
-        self._kinds_seen: set[bool] = set()
         self.tuner = DepthTuner(config.lookahead, pinned=config.tree_depth)
         self.prefill_lend_tokens = config.prefill_lend_tokens
         self._last_mode: RoundMode | None = None
@@ -257,11 +256,11 @@ class RoundPlanner:
         self.observe_outcomes(
             plan.drafts, accept_lens, verify_s, client.last_timing, sync=plan.sync
         )
-        first_kind = plan.sync not in self._kinds_seen
-        switched = self._last_sync is not None and plan.sync != self._last_sync
-        self._kinds_seen.add(plan.sync)
+        # A kind's first round since start is also a change of kind (from None, or from the
+        # only other kind): one test covers both.
+        kind_changed = plan.sync != self._last_sync
         self._last_sync = plan.sync
-        if cold or first or first_kind or switched:
+        if cold or first or kind_changed:
             return
         mean_tokens = 1.0 + sum(accept_lens) / len(reqs)
         self.sync_rounds.observe(plan.sync, len(reqs), round_s, mean_tokens)

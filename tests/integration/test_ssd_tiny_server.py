@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import requests
+from pair_servers import ssd_stats
 from tiny_servers import TINY_FLAGS
 from transformers import AutoConfig, AutoTokenizer
 
@@ -105,10 +106,10 @@ def test_reduced_draft_vocabulary_is_in_use(servers, vocab_cache):
     kept = vocab_cache[1]
     out = _generate(servers["sync-vocab"], "def f(x):", 24, temperature=0.8, ignore_eos=True)
     assert out["meta_info"]["completion_tokens"] == 24 and out["meta_info"]["spec_verify_ct"] > 0
-    stats = requests.get(f"{servers['sync-vocab'].url}/ssd/stats", timeout=60).json()
+    stats = ssd_stats(servers["sync-vocab"])
     assert stats["speculator"]["draft_vocab_size"] == kept
     assert stats["faults"] == 0 and stats["restarts"] == 0, stats
-    full = requests.get(f"{servers['ssd'].url}/ssd/stats", timeout=60).json()
+    full = ssd_stats(servers["ssd"])
     assert full["speculator"]["draft_vocab_size"] > kept
     assert (stats["ssd_mode"], full["ssd_mode"]) == ("sync", "async")  # `--ssd-mode` served
 
@@ -164,13 +165,12 @@ def test_plain_rounds_switched_mid_request_keep_greedy_output(servers):
     """Plain rounds (no draft, the speculator stopped, its core lent to the target) switched on
     and off while one long request decodes: each switch back to speculation hands the
     speculator the plain rounds' tokens (`Outcome.extra`), and the output stays the target's."""
-    url = servers["ssd"].url
-    faults = requests.get(f"{url}/ssd/stats", timeout=60).json()["faults"]
+    faults = ssd_stats(servers["ssd"])["faults"]
     got, expected = _switching_mid_request(servers, PROMPTS[1], "plain_rounds")
     assert got["output_ids"] == expected["output_ids"]
     meta = got["meta_info"]
     assert 0 < meta["ssd_plain_rounds"] < meta["ssd_rounds"]
-    stats = requests.get(f"{url}/ssd/stats", timeout=60).json()
+    stats = ssd_stats(servers["ssd"])
     assert stats["plain_rounds"]["rounds"] >= meta["ssd_plain_rounds"]
     assert stats["speculator"]["cores_lent"] >= meta["ssd_plain_rounds"]
     assert stats["faults"] == faults  # a stopped speculator never looked dead or late
@@ -181,15 +181,10 @@ def test_sync_rounds_switched_mid_request_keep_greedy_output(servers):
     verify on the speculator's core too) switched always / never / auto while one long request
     decodes: each switch back hands pre-speculation a cold cache, and the output stays the
     target's; the sync rounds ran on lent cores, and a stopped speculator never looked dead."""
-    url = servers["ssd"].url
-
-    def speculator_stats() -> dict:
-        return requests.get(f"{url}/ssd/stats", timeout=60).json()
-
-    before = speculator_stats()
+    before = ssd_stats(servers["ssd"])
     got, expected = _switching_mid_request(servers, PROMPTS[2], "sync_rounds")
     assert got["output_ids"] == expected["output_ids"]
-    after = speculator_stats()
+    after = ssd_stats(servers["ssd"])
     sync = after["speculator"]["sync_rounds"] - before["speculator"]["sync_rounds"]
     ahead = after["speculator"]["async_rounds"] - before["speculator"]["async_rounds"]
     assert sync > 0 and ahead > 0, (sync, ahead)
@@ -204,7 +199,7 @@ def test_long_prefills_lend_the_speculators_core_and_keep_greedy_output(servers)
     url = servers["ssd"].url
 
     def lent() -> float:
-        return requests.get(f"{url}/ssd/stats", timeout=60).json()["speculator"]["cores_lent"]
+        return ssd_stats(servers["ssd"])["speculator"]["cores_lent"]
 
     try:
         for threshold, lends in ((0, False), (10_000, False), (1, True)):
@@ -227,7 +222,7 @@ def test_tree_depth_is_self_tuned_until_pinned(servers):
     and greedy output stays the target's; 0 self-tunes again."""
     url = servers["ssd"].url
     _generate(servers["ssd"], PROMPTS[0], 8, temperature=0)  # the tuner has measured a round
-    stats = requests.get(f"{url}/ssd/stats", timeout=60).json()["speculator"]
+    stats = ssd_stats(servers["ssd"])["speculator"]
     assert stats["tree_depth_pinned"] == 0.0
     assert 1 <= stats["tree_depth"] <= 4 and stats["tuner_t_forward_s"] > 0
     assert stats["build_tree_depth"] == stats["tree_depth"]
@@ -237,7 +232,7 @@ def test_tree_depth_is_self_tuned_until_pinned(servers):
     expected = _generate(servers["ar"], prompt, 30, temperature=0)
     got = _generate(servers["ssd"], prompt, 30, temperature=0)
     assert got["output_ids"] == expected["output_ids"]
-    stats = requests.get(f"{url}/ssd/stats", timeout=60).json()["speculator"]
+    stats = ssd_stats(servers["ssd"])["speculator"]
     assert (stats["tree_depth"], stats["tree_depth_pinned"], stats["build_tree_depth"]) == (
         1.0,
         1.0,
@@ -249,5 +244,5 @@ def test_tree_depth_is_self_tuned_until_pinned(servers):
     reply = requests.post(f"{url}/ssd/config", json={"tree_depth": 0}, timeout=60)
     assert reply.status_code == 200 and reply.json()["config"]["tree_depth"] is None
     _generate(servers["ssd"], prompt, 8, temperature=0)
-    stats = requests.get(f"{url}/ssd/stats", timeout=60).json()["speculator"]
+    stats = ssd_stats(servers["ssd"])["speculator"]
     assert stats["tree_depth_pinned"] == 0.0
