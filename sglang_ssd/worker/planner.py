@@ -21,7 +21,6 @@ from sglang_ssd.saguaro import Backup, BackupStats, FallbackPolicy, draft_kinds
 from sglang_ssd.saguaro.self_tuning import DepthTuner
 from sglang_ssd.transport import SpeculatorTiming
 from sglang_ssd.worker.draft_batch import DraftBatch
-from sglang_ssd.worker.request_yield import record_request_round, request_yield
 from sglang_ssd.worker.round_mode import (
     RoundMode,
     RoundModePolicy,
@@ -117,8 +116,7 @@ class RoundPlanner:
         mode = self.plan(reqs)
         if mode == RoundMode.PLAIN:
             return RoundPlan(mode, DraftBatch.plain(len(reqs)))
-        yields = [request_yield(req) for req in reqs]
-        self._sync_round = not self.sync and self.sync_rounds.choose(len(reqs), yields)
+        self._sync_round = not self.sync and self.sync_rounds.choose(len(reqs))
         return RoundPlan(mode, client.drafts(reqs, self), sync=self._sync_round)
 
     def step(self, batch_size: int) -> StepChoice:
@@ -228,14 +226,14 @@ class RoundPlanner:
     ) -> None:
         """A verified decode round of `reqs` (batch order), planned as `plan`.
 
-        A speculative round's outcomes go to `client` (sent with the next Step; a plain round's
-        tokens reach the speculator as `Outcome.extra` instead) and into the policy's and tuner's
-        measurements (`observe_outcomes`), and each request's L_r and its tokens by kind and cache
-        hit (`request_yield`). The round's wall time goes to `RoundModePolicy` (and a speculative
-        round's, with its tokens, to `SyncRoundPolicy`), except a speculative round's right after
-        plain ones (it pays the switch: a cold cache), one whose kind (sync or not) differs from the
-        speculative round before it (an async round after a sync one has a cold cache, a sync round
-        after an async one may hit the cache built before it) and each mode's and kind's first round
+        A speculative round's outcomes go to `client` (sent with the next Step; a plain
+        round's tokens reach the speculator as `Outcome.extra` instead) and into the policy's
+        and tuner's measurements (`observe_outcomes`), and each request's L_r. The round's wall
+        time goes to `RoundModePolicy` (and a speculative round's, with its tokens, to
+        `SyncRoundPolicy`), except a speculative round's right after plain ones (it pays the
+        switch: a cold cache), one whose kind (sync or not) differs from the speculative round
+        before it (an async round after a sync one has a cold cache, a sync round after an
+        async one may hit the cache built before it) and each mode's and kind's first round
         since start (one-time costs; nor does such a round's accept length count).
 
         Args:
@@ -268,10 +266,8 @@ class RoundPlanner:
         self.sync_rounds.observe(plan.sync, len(reqs), round_s, mean_tokens)
         self.round_mode.observe(plan.mode, len(reqs), round_s)
         self.round_mode.observe_accept(len(reqs), mean_tokens)
-        sources = plan.drafts.sources
-        for req, k, source in zip(reqs, accept_lens, sources, strict=True):
+        for req, k in zip(reqs, accept_lens, strict=True):
             record_request_tokens(req, k + 1)
-            record_request_round(req, plan.sync, source == draft_kinds.CACHE, k + 1)
 
     # ------------------------------------------------------------ live settings
     def apply(self, changes: Mapping[str, Any], config: SSDConfig) -> None:

@@ -7,28 +7,23 @@ gives that trade back for one round: the speculator drafts just in time from the
 on its cores and the speculator's (`core_lending`, as plain rounds do). Output is exact either
 way (the verify samples against the q the speculator sent, Theorem 1).
 
-Which pays is a property of the machine and the text, so it is measured. On the 2-core AMX Xeon
-at batch 1 a verify took 0.33 s on two cores against 0.52 s on one, and synchronous SD with the
-same int8 draft out-ran SSD 1.10x (5.26 against 4.77 tok/s,
+Which pays is a property of the machine and the text, so it is measured, not modelled. On the
+2-core AMX Xeon at batch 1 a verify took 0.33 s on two cores against 0.52 s on one, and
+synchronous SD with the same int8 draft out-ran SSD 1.10x (5.26 against 4.77 tok/s,
 eval/results/ssd-bench-equal-b1-greedy-xeon-amx.json); on the AVX-512 EPYC, where the second
 core helps the verify less, SSD won. Per batch size b the policy keeps moving averages of each
-kind's round time T(b) and tokens per request (k + 1, bonus included) and runs the kind with the
+kind's round time and tokens per request (k + 1, bonus included) and runs the kind with the
 higher tokens per second, the other kind taking over only when it is rated `margin` times
-faster. Tokens are each request's own where it has them (`request_yield`: an async round yields
-h(r)·L_hit(r) + (1 − h(r))·L_miss(r), a sync round L_sync(r)), the batch size's average where
-not, so a batch's kind follows its text: at batch 1 on the AMX Xeon pre-speculation won on code
-(the cache hits) and sync rounds on chat (n-gram-drafted misses accepted 1.97 tokens, a
-just-in-time chain 3.2), while one average per batch size landed between the two. Each run of a
-kind starts its averages afresh at the batch sizes it measures, so a probe replaces what the
-kind measured before instead of blending with it (a new user's server judged pre-speculation by
-the startup warm-up's slow rounds, 4.0 tokens per second against 13.0 measured warm later, and
-probes averaged into that stayed below the sync rounds' 10.3). A batch size with a kind not
-measured within a factor 2 runs that kind to measure it (async first). While one kind holds, the
-other is probed for a few rounds at intervals that double while the probe confirms the choice
-(`ProbeSchedule`). The caller does not measure the first round of each kind since start, nor the
-first round after a switch of kind (an async round after sync ones has a cold cache: no
-pre-speculation ran; a sync round after async ones may hit the cache built before it), so a
-probe of 4 rounds gives 3 measurements.
+faster. Each run of a kind starts its averages afresh at the batch sizes it measures, so a
+probe replaces what the kind measured before instead of blending with it (a new user's server
+judged pre-speculation by the startup warm-up's slow rounds, 4.0 tokens per second against
+13.0 measured warm later, and probes averaged into that stayed below the sync rounds' 10.3).
+A batch size with a kind not measured within a factor 2 runs that kind to measure it (async
+first). While one kind holds, the other is probed for a few rounds at intervals that double
+while the probe confirms the choice (`ProbeSchedule`). The caller does not measure the first
+round of each kind since start, nor the first round after a switch of kind (an async round
+after sync ones has a cold cache: no pre-speculation ran; a sync round after async ones may hit
+the cache built before it), so a probe of 4 rounds gives 3 measurements.
 
 "never" (default) always pre-speculates, "always" drafts every speculative round just in time
 with the cores lent (`--ssd-mode sync`'s drafting on SSD's placement), "auto" chooses. Plain
@@ -38,13 +33,11 @@ rounds (`round_mode`) are decided first: this policy splits the speculative roun
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from sglang_ssd.config import SYNC_ROUNDS
 from sglang_ssd.saguaro.averages import Ema
 from sglang_ssd.worker.probes import ProbeSchedule
-from sglang_ssd.worker.request_yield import RequestYield
 from sglang_ssd.worker.round_mode import nearest_average
 
 ASYNC, SYNC = False, True  # a speculative round's kind: pre-speculated, or just in time
@@ -89,31 +82,25 @@ class SyncRoundPolicy:
         self._tokens = {ASYNC: {}, SYNC: {}}
         self.rounds = {ASYNC: 0, SYNC: 0}
 
-    def choose(self, batch_size: int, requests: Sequence[RequestYield | None] = ()) -> bool:
+    def choose(self, batch_size: int) -> bool:
         """Whether the next speculative round of `batch_size` (>= 1) requests is a sync round.
-
-        Args:
-            batch_size: the round's requests.
-            requests: each request's measured yield (None: none yet), or () to judge by the
-                batch size's averages alone.
 
         Raises:
             ValueError: on a batch size < 1.
         """
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        auto = self.setting == "auto"
-        sync = self._auto(batch_size, requests) if auto else self.setting == "always"
+        sync = self._auto(batch_size) if self.setting == "auto" else self.setting == "always"
         self.rounds[sync] += 1
         return sync
 
-    def _auto(self, batch_size: int, requests: Sequence[RequestYield | None]) -> bool:
+    def _auto(self, batch_size: int) -> bool:
         if self.probes.probing():
             return not self._current
         for kind in (ASYNC, SYNC):  # measure each kind near this batch size, async first
             if self.rate(kind, batch_size, max_ratio=2.0) is None:
                 return kind
-        preferred = self.preferred(batch_size, requests)
+        preferred = self.preferred(batch_size)
         if preferred != self._current:
             self._current = preferred
             self.probes.changed()
@@ -122,34 +109,22 @@ class SyncRoundPolicy:
             return not self._current
         return self._current
 
-    def preferred(self, batch_size: int, requests: Sequence[RequestYield | None] = ()) -> bool:
-        """The kind rated faster at `batch_size` for `requests` (`rate`; the one in use keeps
-        its place unless the other is `margin` times faster; the one in use while either is
-        unmeasured)."""
-        in_use = self.rate(self._current, batch_size, requests=requests)
-        other = self.rate(not self._current, batch_size, requests=requests)
+    def preferred(self, batch_size: int) -> bool:
+        """The kind rated faster at `batch_size` (the one in use keeps its place unless the
+        other is `margin` times faster; the one in use while either is unmeasured)."""
+        in_use = self.rate(self._current, batch_size)
+        other = self.rate(not self._current, batch_size)
         if in_use is None or other is None:
             return self._current
         return (not self._current) if other > self.margin * in_use else self._current
 
-    def rate(
-        self,
-        sync: bool,
-        batch_size: int,
-        max_ratio: float = math.inf,
-        requests: Sequence[RequestYield | None] = (),
-    ) -> float | None:
-        """Tokens per request per second of `sync` rounds: the mean over `requests` of each
-        one's expected tokens (`RequestYield.expected`; the batch size's average for a request
-        without its own, and for an empty `requests`) over the round time, both at the nearest
-        batch size measured within `max_ratio` of `batch_size`; None before one was measured."""
+    def rate(self, sync: bool, batch_size: int, max_ratio: float = math.inf) -> float | None:
+        """Tokens per request per second of `sync` rounds at the nearest batch size measured
+        within `max_ratio` of `batch_size`; None before one was measured."""
         seconds = nearest_average(self._times[sync], batch_size, max_ratio)
         tokens = nearest_average(self._tokens[sync], batch_size, max_ratio)
         if seconds is None or tokens is None:  # `observe` keeps both > 0
             return None
-        if requests:
-            own = [None if r is None else r.expected(sync) for r in requests]
-            tokens = sum(tokens if t is None else t for t in own) / len(own)
         return tokens / seconds
 
     @property

@@ -18,11 +18,9 @@ from sglang_ssd.transport import SpeculatorTiming, TransportError
 from sglang_ssd.worker.draft_batch import DraftBatch
 from sglang_ssd.worker.draft_provider import LocalNgramProvider
 from sglang_ssd.worker.planner import RoundPlanner, StepChoice, default_policy
-from sglang_ssd.worker.request_yield import request_yield
-from sglang_ssd.worker.round_mode import MIN_REQUEST_ROUNDS, RoundMode
+from sglang_ssd.worker.round_mode import RoundMode
 from sglang_ssd.worker.speculator_client import SpeculatorClient
 from sglang_ssd.worker.sync_rounds import ASYNC, SYNC
-from sglang_ssd.worker.tp_sync import RoundPlan
 
 GAMMA = 4
 
@@ -247,39 +245,3 @@ def test_long_prefills_lend_the_speculators_cores_from_the_live_threshold() -> N
     assert not planner.prefill_lends_cores(10_000)
     planner.apply({"plain_rounds": "always"}, never.replace(plain_rounds="always"))
     assert planner.prefill_lends_cores(1)  # plain rounds in use: the speculator idles anyway
-
-
-def test_sync_rounds_follow_each_requests_own_yield() -> None:
-    """`--ssd-sync-rounds auto`: measured rounds teach each request its cache hit rate and
-    tokens by kind (`request_yield`), and the kind of its next rounds follows them: a request
-    whose cache hits carry 5 tokens keeps pre-speculation, one whose misses carry 1 token takes
-    sync rounds, at the same round times."""
-    planner, client = RoundPlanner(SSDConfig(lookahead=GAMMA, sync_rounds="auto")), OutcomeSpy()
-    hits, misses = req("code"), req("chat")
-
-    def close(reqs: list, sync: bool, source: str, k: int, round_s: float) -> None:
-        drafts = DraftBatch(
-            tokens=torch.ones(1, GAMMA, dtype=torch.int64),
-            depth=torch.full((1,), GAMMA),
-            q=None,
-            has_q=torch.zeros(1, dtype=torch.bool),
-            sources=[source],
-        )
-        plan = RoundPlan(RoundMode.SPECULATE, drafts, sync=sync)
-        planner.close_round(client, reqs, plan, ([k], [7]), 0.2, round_s)
-
-    for sync, source, k in ((ASYNC, "cache", 4), (SYNC, "jit", 2), (ASYNC, "cache", 0)):
-        close([hits], sync, source, k, 0.5)  # each kind's first round: not measured
-    assert request_yield(hits) is None
-    for _ in range(MIN_REQUEST_ROUNDS):
-        close([hits], ASYNC, "cache", 4, 0.5)  # 5 tokens per hit
-    for _ in range(MIN_REQUEST_ROUNDS):
-        close([misses], ASYNC, "ngram", 0, 0.5)  # 1 token per miss
-    assert request_yield(hits).expected(ASYNC) == pytest.approx(5.0)
-    assert request_yield(misses).expected(ASYNC) == pytest.approx(1.0)
-    assert (request_yield(hits).hit.value, request_yield(misses).hit.value) == (1.0, 0.0)
-    close([misses], SYNC, "jit", 2, 0.55)  # a sync round after async ones: not measured
-    close([misses], SYNC, "jit", 2, 0.55)  # 3 tokens per sync round, 5.5 tokens/s
-    assert request_yield(misses).sync_tokens.count == 1
-    assert planner.plan_round([misses], client).sync
-    assert not planner.plan_round([hits], client).sync

@@ -8,8 +8,6 @@ import itertools
 import pytest
 
 from sglang_ssd.worker.probes import ProbeSchedule
-from sglang_ssd.worker.request_yield import RequestYield
-from sglang_ssd.worker.round_mode import MIN_REQUEST_ROUNDS
 from sglang_ssd.worker.sync_rounds import ASYNC, SYNC, SyncRoundPolicy
 
 # Measured on the 2-core AMX Xeon at batch 1 (eval/results/ssd-bench-equal-b1-greedy-xeon-amx.json):
@@ -120,48 +118,3 @@ def test_bad_settings_and_observations_are_refused() -> None:
     for bad in ((0, 0.5, 2.0), (1, 0.0, 2.0), (1, 0.5, 0.5), (1, float("nan"), 2.0)):
         with pytest.raises(ValueError):
             policy.observe(SYNC, *bad)
-
-
-def measured(hit_rate: float, hit_tokens: float, miss_tokens: float) -> RequestYield:
-    """A request's yield after `MIN_REQUEST_ROUNDS` async rounds with these figures."""
-    got = RequestYield()
-    for name, value in (("hit", hit_rate), ("hit_tokens", hit_tokens)):
-        getattr(got, name).value, getattr(got, name).count = value, MIN_REQUEST_ROUNDS
-    got.miss_tokens.value, got.miss_tokens.count = miss_tokens, MIN_REQUEST_ROUNDS
-    return got
-
-
-def test_a_requests_yield_counts_after_enough_rounds_of_its_kind() -> None:
-    got = RequestYield()
-    for _ in range(MIN_REQUEST_ROUNDS - 1):
-        got.observe(ASYNC, hit=True, tokens=4)
-        got.observe(SYNC, hit=False, tokens=3)
-    assert got.expected(ASYNC) is None and got.expected(SYNC) is None
-    got.observe(ASYNC, hit=False, tokens=2)  # a miss: h = 0.7, its tokens 2
-    got.observe(SYNC, hit=False, tokens=3)
-    assert got.hit.value == pytest.approx(0.7) and got.hit_tokens.value == 4.0
-    assert got.expected(ASYNC) == pytest.approx(0.7 * 4 + 0.3 * 2)
-    assert got.expected(SYNC) == pytest.approx(3.0)
-    only_hits = RequestYield()
-    for _ in range(MIN_REQUEST_ROUNDS):
-        only_hits.observe(ASYNC, hit=True, tokens=5)
-    assert only_hits.expected(ASYNC) == 5.0  # no miss measured: none needed
-    with pytest.raises(ValueError, match="at least 1 token"):
-        got.observe(SYNC, hit=False, tokens=0)
-
-
-def test_each_batch_runs_the_kind_its_own_requests_yield_more_by() -> None:
-    """Batch-size averages between the kinds' (async 6.7, sync 6.5 tokens/s: async in use);
-    a request that hits the cache keeps pre-speculation, one whose misses accept little takes
-    sync rounds (the AMX Xeon's code and chat at batch 1), and a request without figures of
-    its own is judged by the averages."""
-    policy = SyncRoundPolicy("auto")
-    policy.observe(ASYNC, 1, 0.45, 3.0)
-    policy.observe(SYNC, 1, 0.49, 3.2)
-    code, chat = measured(0.9, 4.0, 2.0), measured(0.3, 3.0, 1.97)
-    assert policy.choose(1, [None]) == ASYNC and policy.choose(1) == ASYNC
-    assert policy.choose(1, [code]) == ASYNC
-    assert policy.rate(ASYNC, 1, requests=[chat]) == pytest.approx((0.9 + 0.7 * 1.97) / 0.45)
-    assert policy.choose(1, [chat]) == SYNC and policy.sync_now
-    assert policy.choose(1, [chat, None]) == SYNC  # mean of 2.28 and 3.0 against 3.2 tokens
-    assert policy.choose(1, [code]) == ASYNC
