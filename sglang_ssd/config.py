@@ -450,6 +450,22 @@ class SSDConfig:
         """A validated copy with `changes` applied (used by the runtime admin endpoint)."""
         return dataclasses.replace(self, **changes)
 
+    def flags_line(self) -> str:
+        """Every setting by its flag, as the startup log shows the settings in force (a live
+        one marked `*`; None printed as "unset": self-tuned, sized or placed at startup), e.g.
+        "--speculative-num-steps 4, --ssd-mode async, --ssd-tree-depth* unset, ..."."""
+        parts = []
+        for name, flag in FLAGS.items():
+            value = getattr(self, name)
+            if value is None:
+                shown = "unset"
+            elif isinstance(value, tuple):
+                shown = ",".join(map(str, value))
+            else:
+                shown = str(value)
+            parts.append(f"{flag.option}{'*' if flag.live else ''} {shown}")
+        return ", ".join(parts)
+
     def to_json(self) -> str:
         """Serialise to JSON (round-trips through `from_json`)."""
         return json.dumps(dataclasses.asdict(self), sort_keys=True)

@@ -218,3 +218,12 @@ def test_config_imports_only_the_standard_library() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]", done.stdout
+
+
+def test_the_startup_line_names_every_setting_by_its_flag() -> None:
+    line = SSDConfig(draft_cpus=(1, 2), tree_depth=2, sync_rounds="auto").flags_line()
+    parts = line.split(", ")
+    assert len(parts) == len(FLAGS)
+    assert "--ssd-sync-rounds* auto" in parts and "--ssd-tree-depth* 2" in parts
+    assert "--ssd-draft-cpus 1,2" in parts and "--ssd-draft-kv-tokens unset" in parts
+    assert "--speculative-num-steps 4" in parts and "--ssd-mode async" in parts

@@ -267,16 +267,28 @@ def parse_changes(body: bytes) -> LiveSettings:
     """The `LiveSettings` of a `POST /ssd/config` body (a JSON object of some live settings).
 
     Raises:
-        AdminError: 400 for malformed JSON, a non-object, an empty object, unknown or read-only
-            keys, wrong types and values `SSDConfig` refuses (the message names the setting).
+        AdminError: 400 for malformed JSON, a non-object, an empty object, a null value (a
+            setting left out keeps its value; `tree_depth` 0 self-tunes again), unknown or
+            read-only keys, wrong types and values `SSDConfig` refuses (the message names the
+            setting).
     """
     settable = f"settable at run time: {', '.join(LIVE_FIELDS)}"
     try:
-        changes = msgspec.json.decode(body, type=LiveSettings)
-    except msgspec.ValidationError as exc:
-        raise AdminError(400, f"{exc}{_allowed_values(str(exc))} ({settable})") from None
+        raw = msgspec.json.decode(body)
     except msgspec.DecodeError as exc:
         raise AdminError(400, f"malformed JSON: {exc}") from None
+    nulls = [key for key, value in raw.items() if value is None] if isinstance(raw, dict) else []
+    if nulls:  # `LiveSettings` reads null as "not given": say so rather than ignore it
+        raise AdminError(
+            400, f"null is not a value of {', '.join(nulls)}: leave a setting out to keep it "
+            f"({settable})",
+        )  # fmt: skip
+    try:
+        changes = msgspec.convert(raw, LiveSettings)
+    except msgspec.ValidationError as exc:
+        # Every field of `LiveSettings` is optional (`X | None`); null is refused above.
+        error = str(exc).replace(" | null", "")
+        raise AdminError(400, f"{error}{_allowed_values(error)} ({settable})") from None
     if not changes.given():
         raise AdminError(400, f"no settings to change ({settable})")
     return changes

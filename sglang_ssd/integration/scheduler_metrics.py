@@ -56,6 +56,10 @@ class Window:
         plain_rounds: rounds without speculation in the window (`RoundPlanner.plain_rounds`).
         sync: `--ssd-mode sync`: the speculator drafts only when asked, so its round adds to
             the target's instead of hiding behind it, and the line names it "draft", not T_p
+        sync_rounds: speculative rounds of the window that were sync rounds
+            (`--ssd-sync-rounds`: drafted just in time, so they too add the draft to the
+            round; when every speculative round of the window was one, the line reads as
+            under `sync`)
             (the gauges keep `t_p`: the same ratio).
     """
 
@@ -65,6 +69,7 @@ class Window:
     tree_depth: int = 0
     plain_rounds: int = 0
     sync: bool = False
+    sync_rounds: int = 0
 
     def values(self) -> dict[str, float]:
         """Per-round means and per-request-round rates (0 for an empty window), by gauge name."""
@@ -98,7 +103,8 @@ class Window:
             means = {k: x / self.speculator_rounds for k, x in self.speculator_phases.items()}
             spec_ms = v["speculator_round_seconds"] * 1e3
             target_ms = v["target_round_seconds"] * 1e3
-            if self.sync:  # nothing overlaps: T_p would read as a speculator falling behind
+            all_sync = self.sync or self.sync_rounds >= self.rounds.rounds
+            if all_sync:  # nothing overlaps: T_p would read as a speculator falling behind
                 suffix += f", sync draft: {spec_ms:.0f} ms ({largest(means)}) before each verify"
             else:
                 suffix += (
@@ -107,6 +113,8 @@ class Window:
                 )
         if self.tree_depth:
             suffix += f", D: {self.tree_depth}"
+        if self.sync_rounds:
+            suffix += f", sync rounds: {self.sync_rounds}"
         if self.plain_rounds:
             suffix += f", plain rounds: {self.plain_rounds}"
         return suffix
@@ -135,6 +143,7 @@ class WindowTracker:
             speculator_phases=dict(client.speculator_phases.seconds),
             tree_depth=planner.tree_depth,
             plain_rounds=planner.plain_rounds,
+            sync_rounds=planner.sync_rounds_run,
         )
         last, self.last = self.last, now
         return Window(
@@ -146,6 +155,7 @@ class WindowTracker:
             tree_depth=now.tree_depth,
             plain_rounds=now.plain_rounds - last.plain_rounds,
             sync=sync,
+            sync_rounds=now.sync_rounds - last.sync_rounds,
         )
 
 

@@ -27,7 +27,7 @@ from sglang_ssd.worker.round_mode import (
     record_request_tokens,
     request_accept_length,
 )
-from sglang_ssd.worker.sync_rounds import SyncRoundPolicy
+from sglang_ssd.worker.sync_rounds import SYNC, SyncRoundPolicy
 from sglang_ssd.worker.tp_sync import RoundPlan
 
 ALL_TOKENS_LEFT = 1 << 30  # tokens left of a request without max_new_tokens
@@ -163,6 +163,12 @@ class RoundPlanner:
     def plain_rounds(self) -> int:
         """Plain rounds chosen since start."""
         return self.round_mode.rounds[RoundMode.PLAIN]
+
+    @property
+    def sync_rounds_run(self) -> int:
+        """Sync rounds chosen since start (`--ssd-sync-rounds`; none under `--ssd-mode sync`,
+        whose rounds are all drafted just in time already: `plan_round` asks no policy)."""
+        return self.sync_rounds.rounds[SYNC]
 
     # ------------------------------------------------------------ measurements
     def observe_build(self, timing: SpeculatorTiming) -> None:

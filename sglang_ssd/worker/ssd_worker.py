@@ -130,6 +130,10 @@ class SSDWorker(BaseSpecWorker):
             context_len=int(runner.model_config.context_len),
         )
         self.planner = RoundPlanner(self.config)
+        logger.info(
+            "SSD: settings in force (* settable at run time, POST /ssd/config): %s",
+            self.config.flags_line(),
+        )
         self.speculator_client = SpeculatorClient(
             speculator_config(self.config, capacity),
             draft_model_path=self.draft_model_path,

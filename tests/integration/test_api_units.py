@@ -247,6 +247,8 @@ def test_admin_refuses_bad_changes(changes: Any) -> None:
     [
         (b'{"beta": 0}', "--ssd-beta must be in (0, 1]"),
         (b'{"beta": "x"}', "$.beta"),
+        (b'{"sync_rounds": 3}', "Expected `str`, got `int`"),  # not `str | null`: null is
+        (b'{"sync_rounds": null, "beta": 0.5}', "null is not a value of sync_rounds"),  # refused
         (b'{"fanout_budget": 2.5}', "$.fanout_budget"),
         (b'{"backup": "oracle"}', "$.backup"),
         (b'{"plain_rounds": "sometimes"}', "--ssd-plain-rounds must be one of auto, never, always"),
@@ -395,6 +397,15 @@ def test_decode_window_and_log_filter() -> None:
         "ssd hit rate: 1.00, wait draft: 100.0 ms, verify: 200.0 ms, sync draft: 150 ms (glue"
         " 100.0 ms, tree_1 50.0 ms, lm_head 0.0 ms) before each verify, D: 4"
     )
+    # `--ssd-sync-rounds`: the line counts them; a window of sync rounds only reads as sync mode.
+    mixed = dataclasses.replace(second, sync_rounds=1).log_suffix()
+    assert mixed.endswith("lm_head 0.0 ms; target 200 ms), D: 4, sync rounds: 1"), mixed
+    assert dataclasses.replace(second, sync_rounds=2).log_suffix() == (
+        "ssd hit rate: 1.00, wait draft: 100.0 ms, verify: 200.0 ms, sync draft: 150 ms (glue"
+        " 100.0 ms, tree_1 50.0 ms, lm_head 0.0 ms) before each verify, D: 4, sync rounds: 2"
+    )
+    planner.sync_rounds.rounds[True] += 3  # `WindowTracker` takes the planner's count
+    assert tracker.take(timer, client, planner).sync_rounds == 3
     other = logging.LogRecord("x", logging.INFO, "f", 1, "Prefill batch", (), None)
     line_filter.filter(other)
     assert other.msg == "Prefill batch"
