@@ -19,8 +19,15 @@ figures are given as shares of its body time, applied to the unprofiled body.
 Floors (`floors`): the weight bytes one forward streams (bf16 layers + the reduced LM head) and
 its multiply-adds, from the model's shapes.
 
+`--compile SCOPE` first wraps part of every decoder layer in `torch.compile` (inductor on the
+CPU, `dynamic=True`): `mlp-norms` (the MLP with its SiLU x up, and both RMSNorms) or `layer`
+(the whole decoder layer; dynamo breaks the graph at the paged attention). The report's
+`wall_s` (the whole measurement) then holds the compiling, in its first warm-up build, beside
+what a `--compile none` run's `wall_s` holds. Issue 30 item 2 asked for it to be measured.
+
 Usage: python -m eval.bench_speculator.forward_split [--rows 1 8] [--depth 4] [--repeats 9]
-    [--cpu 1] [--draft PATH] [--draft-runtime auto] [--out eval/results/forward-split.json]
+    [--cpu 1] [--draft PATH] [--draft-runtime auto] [--compile {none,mlp-norms,layer}]
+    [--out eval/results/forward-split.json]
 """
 
 from __future__ import annotations
@@ -289,6 +296,26 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+COMPILE_SCOPES = ("none", "mlp-norms", "layer")
+
+
+def compile_layers(model: DraftModel, scope: str) -> None:
+    """Wrap `scope` (`COMPILE_SCOPES`) of every decoder layer of `model` in `torch.compile`
+    (inductor, `dynamic=True`); compiling happens at the first forward after this.
+
+    Raises:
+        ValueError: on an unknown scope.
+    """
+    if scope not in COMPILE_SCOPES:
+        raise ValueError(f"scope must be one of {COMPILE_SCOPES}, got {scope!r}")
+    for layer in model.base.layers if scope != "none" else ():
+        if scope == "layer":
+            layer.forward = torch.compile(layer.forward, dynamic=True)
+            continue
+        for module in (layer.mlp, layer.input_layernorm, layer.post_attention_layernorm):
+            module.forward = torch.compile(module.forward, dynamic=True)
+
+
 @contextlib.contextmanager
 def _pinned(cpu: int) -> Iterator[None]:
     from sglang_ssd.placement import pin_process
@@ -313,6 +340,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--draft-vocab", type=int, default=DEFAULT_DRAFT_VOCAB, help="as --ssd-draft-vocab"
     )
     cli_options.add_draft_runtime(parser)
+    parser.add_argument(
+        "--compile", choices=COMPILE_SCOPES, default="none", help="torch.compile this scope"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS / "forward-split.json")
     a = parser.parse_args(argv)
 
@@ -325,7 +355,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     (prefix,) = make_prefixes([p.input_ids for p in prompts], 1, a.prefix)
     with _pinned(a.cpu):
         model = cli_options.load_draft(draft_dir, a.draft_runtime, 8192, a.draft_vocab)
+        compile_layers(model, a.compile)
+        start = time.perf_counter()
         runs = [measure(model, prefix, rows, a.depth, a.repeats) for rows in a.rows]
+        wall_s = time.perf_counter() - start  # with compiling, in the first warm-up build
     rows = [summarize(run, model) for run in runs]
     report = {
         "kind": "forward-split",
@@ -333,7 +366,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "models": {"draft": model_info(Path(draft_dir))},
         "settings": {"depth": a.depth, "repeats": a.repeats, "prefix": a.prefix, "cpu": a.cpu,
                      "draft_vocab": a.draft_vocab, "draft_runtime": a.draft_runtime,
-                     "torch_threads": torch.get_num_threads()},
+                     "torch_threads": torch.get_num_threads(), "compile": a.compile},
+        "wall_s": wall_s,
         "summary": rows,
         "raw": runs,
     }  # fmt: skip

@@ -7,6 +7,7 @@ batch size gets its samples, and the draft's KV pool is empty afterwards. The fo
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
@@ -68,3 +69,21 @@ def test_forward_split_times_every_part_of_the_tree_forwards(tiny_draft):
     assert ALL_ATTENTION_FUNCTIONS[ATTN_IMPLEMENTATION] is attention
     assert "forward" not in vars(model)
     assert model.kv_pool.num_used == 0
+
+
+def test_compile_scopes_wrap_the_layer_parts_they_name(tiny_draft):
+    """`forward_split --compile`: each scope wraps its modules' forwards (compiled at the first
+    call, not here); "none" leaves the model as loaded; an unknown scope is refused."""
+
+    def wrapped(module: torch.nn.Module) -> bool:
+        return "forward" in vars(module)  # an instance attribute over the class's method
+
+    for scope in forward_split.COMPILE_SCOPES:
+        model = DraftModel.load(tiny_draft, dtype=torch.float32, num_slots=64)
+        forward_split.compile_layers(model, scope)
+        for layer in model.base.layers:
+            parts = (layer.mlp, layer.input_layernorm, layer.post_attention_layernorm)
+            assert wrapped(layer) == (scope == "layer")
+            assert all(wrapped(m) == (scope == "mlp-norms") for m in parts)
+    with pytest.raises(ValueError, match="scope"):
+        forward_split.compile_layers(model, "everything")
