@@ -56,11 +56,11 @@ class Window:
         plain_rounds: rounds without speculation in the window (`RoundPlanner.plain_rounds`).
         sync: `--ssd-mode sync`: the speculator drafts only when asked, so its round adds to
             the target's instead of hiding behind it, and the line names it "draft", not T_p
+            (the gauges keep `t_p`: the same ratio).
         sync_rounds: speculative rounds of the window that were sync rounds
             (`--ssd-sync-rounds`: drafted just in time, so they too add the draft to the
             round; when every speculative round of the window was one, the line reads as
-            under `sync`)
-            (the gauges keep `t_p`: the same ratio).
+            under `sync`).
     """
 
     rounds: RoundStats = field(default_factory=RoundStats)
