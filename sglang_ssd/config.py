@@ -452,13 +452,14 @@ class SSDConfig:
 
     def flags_line(self) -> str:
         """Every setting by its flag, as the startup log shows the settings in force (a live
-        one marked `*`; None printed as "unset": self-tuned, sized or placed at startup), e.g.
-        "--speculative-num-steps 4, --ssd-mode async, --ssd-tree-depth* unset, ..."."""
+        one marked `*`; None printed as "auto", as the README's flags table names it: self-tuned,
+        chosen, sized or placed by the server), e.g. "--speculative-num-steps 4, --ssd-mode
+        async, --ssd-tree-depth* auto, ..."."""
         parts = []
         for name, flag in FLAGS.items():
             value = getattr(self, name)
             if value is None:
-                shown = "unset"
+                shown = "auto"
             elif isinstance(value, tuple):
                 shown = ",".join(map(str, value))
             else:

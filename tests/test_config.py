@@ -225,5 +225,5 @@ def test_the_startup_line_names_every_setting_by_its_flag() -> None:
     parts = line.split(", ")
     assert len(parts) == len(FLAGS)
     assert "--ssd-sync-rounds* auto" in parts and "--ssd-tree-depth* 2" in parts
-    assert "--ssd-draft-cpus 1,2" in parts and "--ssd-draft-kv-tokens unset" in parts
+    assert "--ssd-draft-cpus 1,2" in parts and "--ssd-draft-kv-tokens auto" in parts
     assert "--speculative-num-steps 4" in parts and "--ssd-mode async" in parts

@@ -267,17 +267,21 @@ def parse_changes(body: bytes) -> LiveSettings:
     """The `LiveSettings` of a `POST /ssd/config` body (a JSON object of some live settings).
 
     Raises:
-        AdminError: 400 for malformed JSON, a non-object, an empty object, a null value (a
-            setting left out keeps its value; `tree_depth` 0 self-tunes again), unknown or
-            read-only keys, wrong types and values `SSDConfig` refuses (the message names the
-            setting).
+        AdminError: 400 for malformed JSON, a non-object, an empty object, a setting fixed at
+            startup (named by its flag), a null value (a setting left out keeps its value;
+            `tree_depth` 0 self-tunes again), unknown keys, wrong types and values `SSDConfig`
+            refuses (the message names the setting).
     """
     settable = f"settable at run time: {', '.join(LIVE_FIELDS)}"
     try:
         raw = msgspec.json.decode(body)
     except msgspec.DecodeError as exc:
         raise AdminError(400, f"malformed JSON: {exc}") from None
-    nulls = [key for key, value in raw.items() if value is None] if isinstance(raw, dict) else []
+    given = raw if isinstance(raw, dict) else {}
+    fixed = [FLAGS[key].option for key in given if key in FLAGS and key not in LIVE_FIELDS]
+    if fixed:
+        raise AdminError(400, f"fixed at startup: {', '.join(fixed)} ({settable})")
+    nulls = [key for key, value in given.items() if value is None]
     if nulls:  # `LiveSettings` reads null as "not given": say so rather than ignore it
         raise AdminError(
             400, f"null is not a value of {', '.join(nulls)}: leave a setting out to keep it "

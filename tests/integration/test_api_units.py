@@ -249,6 +249,7 @@ def test_admin_refuses_bad_changes(changes: Any) -> None:
         (b'{"beta": "x"}', "$.beta"),
         (b'{"sync_rounds": 3}', "Expected `str`, got `int`"),  # not `str | null`: null is
         (b'{"sync_rounds": null, "beta": 0.5}', "null is not a value of sync_rounds"),  # refused
+        (b'{"mode": "sync", "beta": 0.5}', "fixed at startup: --ssd-mode"),
         (b'{"fanout_budget": 2.5}', "$.fanout_budget"),
         (b'{"backup": "oracle"}', "$.backup"),
         (b'{"plain_rounds": "sometimes"}', "--ssd-plain-rounds must be one of auto, never, always"),
