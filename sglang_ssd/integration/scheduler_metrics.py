@@ -99,19 +99,21 @@ class Window:
             f"wait draft: {v['wait_draft_seconds'] * 1e3:.1f} ms, "
             f"verify: {v['verify_seconds'] * 1e3:.1f} ms"
         )
+        # Every round drafted just in time: no tree was built, and T_p would read as a
+        # speculator falling behind (nothing overlaps).
+        all_sync = self.sync or self.sync_rounds >= self.rounds.rounds
         if self.speculator_rounds and v["target_round_seconds"] > 0:
             means = {k: x / self.speculator_rounds for k, x in self.speculator_phases.items()}
             spec_ms = v["speculator_round_seconds"] * 1e3
             target_ms = v["target_round_seconds"] * 1e3
-            all_sync = self.sync or self.sync_rounds >= self.rounds.rounds
-            if all_sync:  # nothing overlaps: T_p would read as a speculator falling behind
+            if all_sync:
                 suffix += f", sync draft: {spec_ms:.0f} ms ({largest(means)}) before each verify"
             else:
                 suffix += (
                     f", T_p: {v['t_p']:.2f} (speculator {spec_ms:.0f} ms: {largest(means)};"
                     f" target {target_ms:.0f} ms)"
                 )
-        if self.tree_depth:
+        if self.tree_depth and not all_sync:
             suffix += f", D: {self.tree_depth}"
         if self.sync_rounds:
             suffix += f", sync rounds: {self.sync_rounds}"

@@ -396,14 +396,14 @@ def test_decode_window_and_log_filter() -> None:
     # `--ssd-mode sync`: the draft precedes each verify, so the line gives its time, not T_p.
     assert dataclasses.replace(second, sync=True).log_suffix() == (
         "ssd hit rate: 1.00, wait draft: 100.0 ms, verify: 200.0 ms, sync draft: 150 ms (glue"
-        " 100.0 ms, tree_1 50.0 ms, lm_head 0.0 ms) before each verify, D: 4"
+        " 100.0 ms, tree_1 50.0 ms, lm_head 0.0 ms) before each verify"  # no tree built: no D
     )
     # `--ssd-sync-rounds`: the line counts them; a window of sync rounds only reads as sync mode.
     mixed = dataclasses.replace(second, sync_rounds=1).log_suffix()
     assert mixed.endswith("lm_head 0.0 ms; target 200 ms), D: 4, sync rounds: 1"), mixed
     assert dataclasses.replace(second, sync_rounds=2).log_suffix() == (
         "ssd hit rate: 1.00, wait draft: 100.0 ms, verify: 200.0 ms, sync draft: 150 ms (glue"
-        " 100.0 ms, tree_1 50.0 ms, lm_head 0.0 ms) before each verify, D: 4, sync rounds: 2"
+        " 100.0 ms, tree_1 50.0 ms, lm_head 0.0 ms) before each verify, sync rounds: 2"
     )
     planner.sync_rounds.rounds[True] += 3  # `WindowTracker` takes the planner's count
     assert tracker.take(timer, client, planner).sync_rounds == 3
