@@ -308,7 +308,9 @@ def compile_layers(model: DraftModel, scope: str) -> None:
     """
     if scope not in COMPILE_SCOPES:
         raise ValueError(f"scope must be one of {COMPILE_SCOPES}, got {scope!r}")
-    for layer in model.base.layers if scope != "none" else ():
+    if scope == "none":
+        return
+    for layer in model.base.layers:
         if scope == "layer":
             layer.forward = torch.compile(layer.forward, dynamic=True)
             continue
