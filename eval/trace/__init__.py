@@ -13,13 +13,19 @@ draft tokens, accept length k, bonus t*, whether (k, t*) was in the cache (hit),
 A prompt stops at an end-of-sequence token or once it has `max_new_tokens` new tokens; the last
 round is kept whole, so a prompt may end up to γ tokens past the limit.
 
+`python -m eval.trace from-run RESULTS --out TRACE` makes a greedy trace without recording: the
+prompts and the greedy outputs of one configuration (AR-2c by default) of an `eval run` results
+file, i.e. SGLang's own serving of the target (`from_run`); it has no recorded rounds.
+
 `python -m eval.trace replay` replaces the target with a script that forces the recorded output:
 for each prompt the engine is opened on the prompt, and every round k is the longest prefix of
 the engine's draft that matches the recorded continuation and t* the next recorded token. The
 engine's own fork/tree/populate decide whether that outcome was pre-speculated, so the cache hit
 rate of any fan-out shape, budget B and tree depth D can be measured on the same outputs without
-the target. The prompts of one trace are replayed as one batch (`--batch`), which changes batch
-shapes and hence bf16 rounding relative to the record; `--batch 1` replays one prompt at a time.
+the target. `--draft-runtime` and `--draft-vocab` draft as the speculator's flags of those
+names do (default: bf16 torch, every id). The prompts of one trace are replayed as one batch
+(`--batch`), which changes batch shapes and hence bf16 rounding relative to the record;
+`--batch 1` replays one prompt at a time.
 
 What a replay can and cannot stand in for:
 - Greedy traces replay exactly: the greedy target's outcome is a function of the draft and the

@@ -1,4 +1,4 @@
-"""`python -m eval.trace {record,replay}`: the command line of `eval.trace`."""
+"""`python -m eval.trace {record,from-run,replay}`: the command line of `eval.trace`."""
 
 from __future__ import annotations
 
@@ -18,16 +18,26 @@ from eval import trace as package
 from eval.configs import model_dirs
 from eval.provenance import model_info, run_header
 from eval.sampling import Sampling
+from eval.trace.from_run import trace_from_run
 from eval.trace.record import record
-from eval.trace.replay import ReplayConfig, format_replay_table, replay, replay_parallel
+from eval.trace.replay import (
+    ReplayConfig,
+    format_replay_table,
+    load_draft,
+    replay,
+    replay_parallel,
+)
 from eval.trace.target import HFTarget
 from sglang_ssd.config import DEFAULT_LOOKAHEAD, SSDConfig
+from sglang_ssd.draft_runtimes import HEAD_RUNTIME, NAMES
 from sglang_ssd.speculator.draft_model import DraftModel
 from sglang_ssd.speculator.engine import SpeculatorEngine
 
 RESULTS = Path("eval/results")
 LOOKAHEAD = DEFAULT_LOOKAHEAD  # the launcher's γ
 TRACE_VERSION = 1
+# What a replay result without these keys (written before they existed) was made with.
+DEFAULTS = {"draft_runtime": "torch", "draft_vocab": 0}
 
 
 def cmd_record(a: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -74,6 +84,35 @@ def cmd_record(a: argparse.Namespace, argv: Sequence[str]) -> int:
     return 0
 
 
+def cmd_from_run(a: argparse.Namespace, argv: Sequence[str]) -> int:
+    """Write the greedy trace of `a.config`'s outputs in the `eval run` results `a.results`."""
+    results = json.loads(a.results.read_text())
+    target_dir, draft_dir = model_dirs(a.target, a.draft)
+    tokenizer = datasets.load_tokenizer(target_dir)
+    ids = [p["id"] for p in results["prompts"]]
+    prompts = datasets.load_prompts(results["experiment"]["dataset"], tokenizer, ids=ids)
+    body = trace_from_run(results, prompts, config=a.config, repeat=a.repeat, lookahead=a.lookahead)
+    trace = {
+        "kind": "ssd-trace",
+        "version": TRACE_VERSION,
+        **run_header("eval.trace", argv),
+        "models": {"target": model_info(target_dir), "draft": model_info(draft_dir)},
+        "dataset": {
+            "source": {
+                name: datasets.source_info(name)
+                for name in datasets.sets_of(results["experiment"]["dataset"])
+            },
+            "prompts": [p.describe() for p in prompts],
+        },
+        **body,
+    }
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(trace, indent=1) + "\n")
+    s = body["summary"]
+    print(f"{s['prompts']} prompts, {s['tokens']} output tokens of {a.config} -> {a.out}")
+    return 0
+
+
 def _key(r: dict[str, Any]) -> tuple[str, str, int, int]:
     return (str(r["trace_file"]), r["fanout"], r["budget"], r["depth"])
 
@@ -83,6 +122,12 @@ def cmd_replay(a: argparse.Namespace, argv: Sequence[str]) -> int:
     traces = {str(p): json.loads(Path(p).read_text()) for p in a.traces}
     first = next(iter(traces.values()))
     draft_dir = Path(a.draft) if a.draft else Path(first["models"]["draft"]["path"])
+    draft = {
+        "draft_dir": str(draft_dir),
+        "runtime": a.draft_runtime,
+        "vocab": a.draft_vocab,
+        "kv_slots": a.kv_slots,
+    }
     configs = [
         ReplayConfig(shape, budget, depth)
         for depth in a.depths
@@ -91,7 +136,12 @@ def cmd_replay(a: argparse.Namespace, argv: Sequence[str]) -> int:
     ]
     results: list[dict[str, Any]] = []
     if a.resume and a.out.is_file():
-        results = [r for r in json.loads(a.out.read_text())["results"] if r["batch"] == a.batch]
+        same = {"batch": a.batch, "draft_runtime": a.draft_runtime, "draft_vocab": a.draft_vocab}
+        results = [
+            r
+            for r in json.loads(a.out.read_text())["results"]
+            if all(r.get(k, DEFAULTS.get(k)) == v for k, v in same.items())
+        ]
     done = {_key(r) for r in results}
     tasks = [
         (Path(p), cfg)
@@ -104,12 +154,21 @@ def cmd_replay(a: argparse.Namespace, argv: Sequence[str]) -> int:
 
     def save(result: dict[str, Any] | None = None) -> None:
         if result is not None:
-            results.append({**result, "batch": a.batch})
+            results.append(
+                {
+                    **result,
+                    "batch": a.batch,
+                    "draft_runtime": a.draft_runtime,
+                    "draft_vocab": a.draft_vocab,
+                }
+            )
         report = {
             "kind": "ssd-trace-replay",
             **run_header("eval.trace", argv),
             "complete": len(results) == len(done) + len(tasks),
             "draft": model_info(draft_dir),
+            "draft_runtime": a.draft_runtime,
+            "draft_vocab": a.draft_vocab,
             "jobs": a.jobs,
             "torch_threads": 1 if a.jobs > 1 else torch.get_num_threads(),
             "seconds": time.perf_counter() - t0,
@@ -122,10 +181,10 @@ def cmd_replay(a: argparse.Namespace, argv: Sequence[str]) -> int:
 
     print(f"replaying {len(tasks)} (trace, config) pairs ({len(done)} already done)", flush=True)
     if a.jobs > 1:
-        replay_parallel(draft_dir, tasks, a.jobs, a.kv_slots, a.batch, a.seed, save)
+        replay_parallel(draft, tasks, a.jobs, a.batch, a.seed, save)
     else:
         torch.set_num_threads(a.threads or torch.get_num_threads())
-        model = DraftModel.load(draft_dir, num_slots=a.kv_slots)
+        model = load_draft(**draft)
         for path, cfg in tasks:
             (result,) = replay(model, traces[str(path)], [cfg], a.batch, a.seed)
             save({**result, "trace_file": str(path)})
@@ -164,7 +223,26 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=int, default=1, help="processes, one core and thread each")
     p.add_argument("--resume", action="store_true", help="keep and skip results in --out")
     p.add_argument("--out", type=Path, default=RESULTS / "trace-replay.json")
+    p.add_argument(
+        "--draft-runtime",
+        default=DEFAULTS["draft_runtime"],
+        choices=[n for n in NAMES if n != HEAD_RUNTIME],
+        help="what drafts (--ssd-draft-runtime's names; default torch, bf16)",
+    )
+    p.add_argument(
+        "--draft-vocab",
+        type=int,
+        default=DEFAULTS["draft_vocab"],
+        help="draft vocabulary size as --ssd-draft-vocab (default 0: every id)",
+    )
     p.set_defaults(func=cmd_replay)
+    p = sub.add_parser("from-run", help="a greedy trace of an `eval run` results file's outputs")
+    p.add_argument("results", type=Path, help="an `eval run` results file (greedy)")
+    p.add_argument("--config", default="AR-2c", help="whose outputs (default AR-2c)")
+    p.add_argument("--repeat", type=int, default=0)
+    p.add_argument("--lookahead", "--gamma", type=int, default=LOOKAHEAD)
+    p.add_argument("--out", type=Path, required=True)
+    p.set_defaults(func=cmd_from_run)
     for p in sub.choices.values():
         cli_options.add_pair(p)
         p.add_argument("--seed", type=int, default=0)

@@ -16,8 +16,10 @@ from typing import Any
 
 from eval.sampling import Sampling
 from sglang_ssd.config import SSDConfig
-from sglang_ssd.speculator.draft_model import DraftModel
+from sglang_ssd.draft_runtimes import LoadRequest
+from sglang_ssd.speculator import draft_vocab
 from sglang_ssd.speculator.engine import OutcomeIn, SpeculatorEngine
+from sglang_ssd.speculator.runtimes import DraftRuntime, create_draft_runtime
 
 
 @dataclass(frozen=True)
@@ -126,8 +128,27 @@ def matches_record(trace: dict[str, Any], replayed: dict[str, Any]) -> float:
     return same / max(1, len(trace["rounds"]))
 
 
+def load_draft(
+    draft_dir: Path | str, runtime: str = "torch", vocab: int = 0, kv_slots: int = 16384
+) -> DraftRuntime:
+    """The draft a replay drafts with, built as the speculator builds it: the runtime `runtime`
+    (`--ssd-draft-runtime`'s names: "torch" is bf16, "torch-int8" FBGEMM's int8) on the CPU with
+    `kv_slots` KV tokens, and the draft vocabulary of its `vocab` most frequent ids installed
+    (`--ssd-draft-vocab`; 0 keeps every id).
+
+    Raises:
+        ValueError: an unknown runtime or one that cannot load the folder (`runtimes.resolve`).
+        FileNotFoundError: a folder without config.json.
+    """
+    request = LoadRequest(str(draft_dir), None, "cpu", "bfloat16", kv_slots, 1.0)
+    model = create_draft_runtime(runtime, request)
+    if vocab:
+        draft_vocab.install(model, draft_dir, vocab)  # type: ignore[arg-type]
+    return model
+
+
 def replay(
-    model: DraftModel,
+    model: DraftRuntime,
     trace: dict[str, Any],
     configs: Sequence[ReplayConfig],
     batch: int | None = None,
@@ -199,12 +220,13 @@ def format_replay_table(results: Sequence[dict[str, Any]]) -> str:
 _WORKER: dict[str, Any] = {}
 
 
-def _replay_worker_init(draft_dir: str, kv_slots: int, cpus: Any) -> None:
-    """Pool initializer: pin to one free core (one torch thread) and load the draft once."""
+def _replay_worker_init(draft: dict[str, Any], cpus: Any) -> None:
+    """Pool initializer: pin to one free core (one torch thread) and load the draft once
+    (`draft`: `load_draft`'s keyword arguments)."""
     from sglang_ssd.placement import pin_process
 
     pin_process([cpus.get()])
-    _WORKER["model"] = DraftModel.load(draft_dir, num_slots=kv_slots)
+    _WORKER["model"] = load_draft(**draft)
 
 
 def _replay_task(path: str, cfg: ReplayConfig, batch: int | None, seed: int) -> dict[str, Any]:
@@ -214,16 +236,16 @@ def _replay_task(path: str, cfg: ReplayConfig, batch: int | None, seed: int) -> 
 
 
 def replay_parallel(
-    draft_dir: Path,
+    draft: dict[str, Any],
     tasks: Sequence[tuple[Path, ReplayConfig]],
     jobs: int,
-    kv_slots: int,
     batch: int | None,
     seed: int,
     on_result: Callable[[dict[str, Any]], None],
 ) -> None:
     """Replay every (trace file, config) in `jobs` processes, each pinned to its own core with
-    its own copy of the draft (`kv_slots` KV tokens); `on_result` gets each result as it ends."""
+    its own copy of the draft (`draft`: `load_draft`'s keyword arguments); `on_result` gets each
+    result as it ends."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
@@ -231,9 +253,7 @@ def replay_parallel(
     cpus = ctx.Queue()
     for cpu in sorted(os.sched_getaffinity(0))[:jobs]:
         cpus.put(cpu)
-    with ProcessPoolExecutor(
-        jobs, ctx, _replay_worker_init, (str(draft_dir), kv_slots, cpus)
-    ) as pool:
+    with ProcessPoolExecutor(jobs, ctx, _replay_worker_init, (draft, cpus)) as pool:
         futures = [pool.submit(_replay_task, str(p), cfg, batch, seed) for p, cfg in tasks]
         for future in as_completed(futures):
             on_result(future.result())

@@ -1,4 +1,4 @@
-"""eval.trace (record / replay) on tiny random models.
+"""eval.trace (record / from-run / replay) on tiny random models.
 
 The invariants: a greedy recorded output is the target's own greedy continuation (SSD is
 lossless); a replay forces the recorded output exactly and, with the recording's settings and
@@ -9,16 +9,28 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from eval.datasets import Prompt, Record
 from eval.sampling import Sampling
+from eval.trace.from_run import RunTraceError, trace_from_run
 from eval.trace.record import record
-from eval.trace.replay import ReplayConfig, format_replay_table, replay, scripted_outcome
+from eval.trace.replay import (
+    ReplayConfig,
+    format_replay_table,
+    load_draft,
+    replay,
+    scripted_outcome,
+)
 from eval.trace.target import HFTarget
 from sglang_ssd.config import SSDConfig
+from sglang_ssd.speculator import draft_vocab
 from sglang_ssd.speculator.draft_model import DraftModel
+from sglang_ssd.speculator.draft_vocab import DraftVocab
 from sglang_ssd.speculator.engine import SpeculatorEngine
+from sglang_ssd.speculator.int8_model import Int8DraftModel
 
 PROMPT = [40, 71, 72, 73, 0, 5, 9, 71, 72, 33, 34]
 NEW_TOKENS = 12
@@ -95,3 +107,59 @@ def test_record_and_replay_sampled(tiny_target, tiny_draft):
     for r in results:
         assert 0.0 <= r["hit_rate"] <= 1.0
         assert r["outputs_reproduced"]
+
+
+def _run_results(prompts: list[Prompt], outputs: list[list[int]], temperature: float = 0.0) -> dict:
+    """An `eval run` results file's fields that `trace_from_run` reads."""
+    return {
+        "experiment": {"name": "tiny", "dataset": "humaneval"},
+        "git": {"commit": "0" * 40},
+        "settings": {"sampling": {"temperature": temperature, "top_k": -1, "top_p": 1.0}},
+        "prompts": [p.describe() for p in prompts],
+        "batches": [
+            {
+                "config": "AR-2c",
+                "repeat": 0,
+                "requests": [
+                    {"prompt_id": p.id, "output_ids": out, "error": None}
+                    for p, out in zip(prompts, outputs, strict=True)
+                ],
+            }
+        ],
+    }
+
+
+def test_trace_from_run_replays_on_each_runtime(tiny_target, tiny_draft, tmp_path, monkeypatch):
+    """A served run's greedy outputs become a trace that the bf16 and the int8 runtimes
+    replay exactly (the replay forces the recorded text whatever the draft proposes), the
+    int8 one with a draft vocabulary of 40 ids (cached beforehand: no count runs)."""
+    recorded, recorder = _record(tiny_target, tiny_draft, Sampling.of(0.0))
+    monkeypatch.setenv("SGLANG_SSD_CACHE", str(tmp_path))
+    kept = DraftVocab(torch.arange(40), recorder.vocab_size, "test")
+    draft_vocab.save(kept, tiny_draft, 40)
+    output = recorded["prompts"][0]["output_tokens"]
+    prompts = [Prompt(Record("humaneval", "HumanEval/0", "x"), tuple(PROMPT))]
+    trace = trace_from_run(_run_results(prompts, [output]), prompts, lookahead=4)
+    assert trace["prompts"] == [
+        {"index": 0, "id": "HumanEval/0", "input_ids": PROMPT, "output_tokens": output}
+    ]
+    assert trace["rounds"] == [] and trace["sampling"]["top_k"] == 1
+    for runtime, vocab in (("torch", 0), ("torch-int8", 40)):
+        model = load_draft(tiny_draft, runtime, vocab=vocab, kv_slots=4096)
+        assert isinstance(model, Int8DraftModel) == (runtime == "torch-int8")
+        installed = model.vocab
+        assert installed is None if not vocab else torch.equal(installed.ids, kept.ids)
+        (result,) = replay(model, trace, [ReplayConfig("geometric", 8, 4)], batch=1)
+        assert result["outputs_reproduced"], runtime
+        assert 0.0 <= result["hit_rate"] <= 1.0 and 1.0 <= result["mean_accept_length"] <= 5
+
+
+def test_trace_from_run_refuses_what_it_cannot_replay():
+    prompts = [Prompt(Record("humaneval", "HumanEval/0", "x"), tuple(PROMPT))]
+    with pytest.raises(RunTraceError, match=r"temperature 0\.7"):
+        trace_from_run(_run_results(prompts, [[1, 2]], temperature=0.7), prompts)
+    other = [Prompt(Record("humaneval", "HumanEval/0", "x"), (*PROMPT, 1))]
+    with pytest.raises(RunTraceError, match="token ids differ"):
+        trace_from_run(_run_results(prompts, [[1, 2]]), other)
+    with pytest.raises(RunTraceError, match="no units of 'SSD'"):
+        trace_from_run(_run_results(prompts, [[1, 2]]), prompts, config="SSD")
