@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sglang_ssd.config import DEFAULT_LOOKAHEAD, parse_cpu_list
+from sglang_ssd.config import DEFAULT_DRAFT_VOCAB, DEFAULT_LOOKAHEAD, parse_cpu_list
 from sglang_ssd.draft_runtimes import AUTO, NAMES
 
 if TYPE_CHECKING:
@@ -46,6 +46,17 @@ def add_draft_runtime(parser: argparse.ArgumentParser) -> None:
     (default auto: the server's default on this machine)."""
     parser.add_argument(
         "--draft-runtime", choices=NAMES, default=AUTO, help="as --ssd-draft-runtime (default auto)"
+    )
+
+
+def add_draft_vocab(parser: argparse.ArgumentParser, default: int = DEFAULT_DRAFT_VOCAB) -> None:
+    """`--draft-vocab N`: the draft vocabulary's size, as the server's `--ssd-draft-vocab`
+    (default: the server's; 0 keeps every id)."""
+    parser.add_argument(
+        "--draft-vocab",
+        type=int,
+        default=default,
+        help=f"as --ssd-draft-vocab (default {default}; 0: every id)",
     )
 
 

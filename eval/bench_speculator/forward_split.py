@@ -49,7 +49,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from eval import cli_options
 from eval.bench_speculator.timing import make_prefixes
 from eval.sampling import Sampling
-from sglang_ssd.config import DEFAULT_DRAFT_VOCAB, SSDConfig
+from sglang_ssd.config import SSDConfig
 from sglang_ssd.speculator.draft_model import ATTN_IMPLEMENTATION, DraftModel
 from sglang_ssd.speculator.engine import OutcomeIn, SpeculatorEngine
 
@@ -338,9 +338,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=9, help="measured builds per B")
     parser.add_argument("--prefix", type=int, default=200, help="prefix tokens")
     parser.add_argument("--cpu", type=int, default=1, help="the core to pin to")
-    parser.add_argument(
-        "--draft-vocab", type=int, default=DEFAULT_DRAFT_VOCAB, help="as --ssd-draft-vocab"
-    )
+    cli_options.add_draft_vocab(parser)
     cli_options.add_draft_runtime(parser)
     parser.add_argument(
         "--compile", choices=COMPILE_SCOPES, default="none", help="torch.compile this scope"

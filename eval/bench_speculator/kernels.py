@@ -40,7 +40,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from sglang_ssd.config import DEFAULT_DRAFT_VOCAB
+from eval import cli_options
 
 Chain = Callable[[dict[int, torch.Tensor]], None]
 GROUP = 128  # int4 group size
@@ -202,10 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         description=__doc__.split("\n\n")[0] if __doc__ else None,
     )
     parser.add_argument("--draft", type=Path, help="the draft's folder (default: the pulled 0.5B)")
-    parser.add_argument(
-        "--draft-vocab", type=int, default=DEFAULT_DRAFT_VOCAB,
-        help="LM-head rows, as --ssd-draft-vocab (0: the whole vocabulary; default %(default)s)",
-    )  # fmt: skip
+    cli_options.add_draft_vocab(parser)  # the LM head's rows
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 8], help="rows per matmul")
     parser.add_argument("--cpu", type=int, default=1, help="the core to pin to")
     parser.add_argument("--repeats", type=int, default=7, help="timed chains per point")

@@ -23,7 +23,8 @@ the engine's draft that matches the recorded continuation and t* the next record
 engine's own fork/tree/populate decide whether that outcome was pre-speculated, so the cache hit
 rate of any fan-out shape, budget B and tree depth D can be measured on the same outputs without
 the target. `--draft-runtime` and `--draft-vocab` draft as the speculator's flags of those
-names do (default: bf16 torch, every id). The prompts of one trace are replayed as one batch
+names do (default: the server's, `auto` and 65,536 ids; results written before these options
+were bf16 torch over every id). The prompts of one trace are replayed as one batch
 (`--batch`), which changes batch shapes and hence bf16 rounding relative to the record;
 `--batch 1` replays one prompt at a time.
 

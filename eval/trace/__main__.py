@@ -18,26 +18,20 @@ from eval import trace as package
 from eval.configs import model_dirs
 from eval.provenance import model_info, run_header
 from eval.sampling import Sampling
-from eval.trace.from_run import trace_from_run
+from eval.trace.from_run import RunTraceError, check_run_file, trace_from_run
 from eval.trace.record import record
-from eval.trace.replay import (
-    ReplayConfig,
-    format_replay_table,
-    load_draft,
-    replay,
-    replay_parallel,
-)
+from eval.trace.replay import ReplayConfig, format_replay_table, replay, replay_parallel
 from eval.trace.target import HFTarget
-from sglang_ssd.config import DEFAULT_LOOKAHEAD, SSDConfig
-from sglang_ssd.draft_runtimes import HEAD_RUNTIME, NAMES
+from sglang_ssd.config import DEFAULT_LOOKAHEAD, FANOUT_SHAPES, SSDConfig
 from sglang_ssd.speculator.draft_model import DraftModel
 from sglang_ssd.speculator.engine import SpeculatorEngine
+from sglang_ssd.speculator.runtimes import resolve
 
 RESULTS = Path("eval/results")
 LOOKAHEAD = DEFAULT_LOOKAHEAD  # the launcher's γ
 TRACE_VERSION = 1
 # What a replay result without these keys (written before they existed) was made with.
-DEFAULTS = {"draft_runtime": "torch", "draft_vocab": 0}
+LEGACY = {"draft_runtime": "torch", "draft_vocab": 0}
 
 
 def cmd_record(a: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -86,7 +80,7 @@ def cmd_record(a: argparse.Namespace, argv: Sequence[str]) -> int:
 
 def cmd_from_run(a: argparse.Namespace, argv: Sequence[str]) -> int:
     """Write the greedy trace of `a.config`'s outputs in the `eval run` results `a.results`."""
-    results = json.loads(a.results.read_text())
+    results = check_run_file(json.loads(a.results.read_text()), a.results)
     target_dir, draft_dir = model_dirs(a.target, a.draft)
     tokenizer = datasets.load_tokenizer(target_dir)
     ids = [p["id"] for p in results["prompts"]]
@@ -122,11 +116,12 @@ def cmd_replay(a: argparse.Namespace, argv: Sequence[str]) -> int:
     traces = {str(p): json.loads(Path(p).read_text()) for p in a.traces}
     first = next(iter(traces.values()))
     draft_dir = Path(a.draft) if a.draft else Path(first["models"]["draft"]["path"])
+    runtime = resolve(a.draft_runtime, str(draft_dir))  # "auto" recorded as what it ran
     draft = {
-        "draft_dir": str(draft_dir),
-        "runtime": a.draft_runtime,
-        "vocab": a.draft_vocab,
+        "draft": str(draft_dir),
+        "runtime": runtime,
         "kv_slots": a.kv_slots,
+        "draft_vocab": a.draft_vocab,
     }
     configs = [
         ReplayConfig(shape, budget, depth)
@@ -136,11 +131,11 @@ def cmd_replay(a: argparse.Namespace, argv: Sequence[str]) -> int:
     ]
     results: list[dict[str, Any]] = []
     if a.resume and a.out.is_file():
-        same = {"batch": a.batch, "draft_runtime": a.draft_runtime, "draft_vocab": a.draft_vocab}
+        same = {"batch": a.batch, "draft_runtime": runtime, "draft_vocab": a.draft_vocab}
         results = [
             r
             for r in json.loads(a.out.read_text())["results"]
-            if all(r.get(k, DEFAULTS.get(k)) == v for k, v in same.items())
+            if all(r.get(k, LEGACY.get(k)) == v for k, v in same.items())
         ]
     done = {_key(r) for r in results}
     tasks = [
@@ -158,7 +153,7 @@ def cmd_replay(a: argparse.Namespace, argv: Sequence[str]) -> int:
                 {
                     **result,
                     "batch": a.batch,
-                    "draft_runtime": a.draft_runtime,
+                    "draft_runtime": runtime,
                     "draft_vocab": a.draft_vocab,
                 }
             )
@@ -167,7 +162,7 @@ def cmd_replay(a: argparse.Namespace, argv: Sequence[str]) -> int:
             **run_header("eval.trace", argv),
             "complete": len(results) == len(done) + len(tasks),
             "draft": model_info(draft_dir),
-            "draft_runtime": a.draft_runtime,
+            "draft_runtime": runtime,
             "draft_vocab": a.draft_vocab,
             "jobs": a.jobs,
             "torch_threads": 1 if a.jobs > 1 else torch.get_num_threads(),
@@ -184,7 +179,7 @@ def cmd_replay(a: argparse.Namespace, argv: Sequence[str]) -> int:
         replay_parallel(draft, tasks, a.jobs, a.batch, a.seed, save)
     else:
         torch.set_num_threads(a.threads or torch.get_num_threads())
-        model = load_draft(**draft)
+        model = cli_options.load_draft(**draft)
         for path, cfg in tasks:
             (result,) = replay(model, traces[str(path)], [cfg], a.batch, a.seed)
             save({**result, "trace_file": str(path)})
@@ -215,46 +210,61 @@ def parser() -> argparse.ArgumentParser:
         nargs="+",
         type=Path,
         default=[RESULTS / "trace-greedy.json", RESULTS / "trace-t0.7.json"],
+        help="trace files of `record` or `from-run` (default: eval/results/trace-greedy.json "
+        "and trace-t0.7.json)",
     )
-    p.add_argument("--fanouts", nargs="+", default=["uniform", "geometric"])
-    p.add_argument("--budgets", type=int, nargs="+", default=[2, 4, 8, 16])
-    p.add_argument("--depths", type=int, nargs="+", default=[4, 2])
+    p.add_argument(
+        "--fanouts", nargs="+", choices=FANOUT_SHAPES, default=list(FANOUT_SHAPES),
+        help="fan-out shapes (default: both)",
+    )  # fmt: skip
+    p.add_argument(
+        "--budgets", type=int, nargs="+", default=[2, 4, 8, 16],
+        help="fan-out budgets B (default: 2 4 8 16)",
+    )  # fmt: skip
+    p.add_argument(
+        "--depths", type=int, nargs="+", default=[4, 2], help="tree depths D (default: 4 2)"
+    )
     p.add_argument("--batch", type=int, help="prompts replayed together (default: all)")
-    p.add_argument("--jobs", type=int, default=1, help="processes, one core and thread each")
+    p.add_argument(
+        "--jobs", type=int, default=1, help="processes, one core and thread each (default 1)"
+    )
     p.add_argument("--resume", action="store_true", help="keep and skip results in --out")
-    p.add_argument("--out", type=Path, default=RESULTS / "trace-replay.json")
     p.add_argument(
-        "--draft-runtime",
-        default=DEFAULTS["draft_runtime"],
-        choices=[n for n in NAMES if n != HEAD_RUNTIME],
-        help="what drafts (--ssd-draft-runtime's names; default torch, bf16)",
+        "--out",
+        type=Path,
+        required=True,
+        help="results file (JSON), e.g. eval/results/trace-replay.json",
     )
-    p.add_argument(
-        "--draft-vocab",
-        type=int,
-        default=DEFAULTS["draft_vocab"],
-        help="draft vocabulary size as --ssd-draft-vocab (default 0: every id)",
-    )
+    cli_options.add_draft_runtime(p)
+    cli_options.add_draft_vocab(p)
     p.set_defaults(func=cmd_replay)
-    p = sub.add_parser("from-run", help="a greedy trace of an `eval run` results file's outputs")
+    p = sub.add_parser("from-run", help="a greedy trace of an `eval run` results file")
     p.add_argument("results", type=Path, help="an `eval run` results file (greedy)")
-    p.add_argument("--config", default="AR-2c", help="whose outputs (default AR-2c)")
-    p.add_argument("--repeat", type=int, default=0)
-    p.add_argument("--lookahead", "--gamma", type=int, default=LOOKAHEAD)
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--config", default="AR-2c", help="whose outputs to take (default AR-2c)")
+    p.add_argument("--repeat", type=int, default=0, help="which repeat of the run (default 0)")
+    p.add_argument(
+        "--lookahead", "--gamma", type=int, default=LOOKAHEAD, help="γ of the replays (default 4)"
+    )
+    p.add_argument("--out", type=Path, required=True, help="the trace file to write (JSON)")
     p.set_defaults(func=cmd_from_run)
     for p in sub.choices.values():
         cli_options.add_pair(p)
-        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--seed", type=int, default=0, help="the engine's sampling seed (default 0)")
         p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
-        p.add_argument("--kv-slots", type=int, default=16384, help="draft KV pool tokens")
+        p.add_argument(
+            "--kv-slots", type=int, default=16384, help="draft KV pool tokens (default 16384)"
+        )
     return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    a = parser().parse_args(argv)
-    return a.func(a, argv)
+    cli = parser()
+    a = cli.parse_args(argv)
+    try:
+        return a.func(a, argv)
+    except (RunTraceError, FileNotFoundError, ValueError) as exc:  # bad input: say it, no trace
+        cli.exit(2, f"python -m eval.trace {a.command}: error: {exc}\n")
 
 
 if __name__ == "__main__":

@@ -14,11 +14,33 @@ from collections.abc import Sequence
 from typing import Any
 
 from eval.datasets import Prompt
+from eval.harness import SCHEMA as RUN_SCHEMA
 from eval.sampling import Sampling
 
 
 class RunTraceError(ValueError):
     """The results file cannot give a greedy trace (sampled, unknown config, prompts differ)."""
+
+
+def check_run_file(results: Any, path: object = "the file") -> dict[str, Any]:
+    """`results` itself when it is an `eval run` results file (`eval.harness.SCHEMA`, with its
+    prompts and units).
+
+    Raises:
+        RunTraceError: anything else (another tool's JSON, an interrupted run without units),
+            naming `path`.
+    """
+    schema = results.get("schema") if isinstance(results, dict) else None
+    if schema != RUN_SCHEMA:
+        raise RunTraceError(
+            f"{path} is not an `eval run` results file (schema {schema!r}, expected "
+            f"{RUN_SCHEMA!r}): from-run takes the outputs of `python -m eval run` or "
+            "`python -m eval ssd`"
+        )
+    missing = [k for k in ("experiment", "prompts", "batches") if not results.get(k)]
+    if missing:
+        raise RunTraceError(f"{path} has no {', '.join(missing)}: an interrupted run?")
+    return results
 
 
 def run_outputs(results: dict[str, Any], config: str, repeat: int) -> dict[str, list[int]]:
@@ -73,8 +95,9 @@ def trace_from_run(
     settings = results.get("settings", {}).get("sampling", {})
     if not Sampling(**_sampling_fields(settings)).greedy:
         raise RunTraceError(
-            f"the run sampled at temperature {settings.get('temperature')}: a replay forces "
-            "greedy outputs only (eval.trace's docstring)"
+            f"the run sampled at temperature {settings.get('temperature')}: a replay can force "
+            "only greedy outputs (the target's outcome must follow from the draft and the text; "
+            "see `eval/trace/__init__.py`), so take a greedy run"
         )
     recorded = {p["id"]: p["input_ids_sha256"] for p in results.get("prompts", [])}
     for prompt in prompts:

@@ -12,14 +12,15 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from eval import cli_options
 from eval.sampling import Sampling
 from sglang_ssd.config import SSDConfig
-from sglang_ssd.draft_runtimes import LoadRequest
-from sglang_ssd.speculator import draft_vocab
 from sglang_ssd.speculator.engine import OutcomeIn, SpeculatorEngine
-from sglang_ssd.speculator.runtimes import DraftRuntime, create_draft_runtime
+
+if TYPE_CHECKING:
+    from sglang_ssd.speculator.runtimes import DraftRuntime
 
 
 @dataclass(frozen=True)
@@ -128,25 +129,6 @@ def matches_record(trace: dict[str, Any], replayed: dict[str, Any]) -> float:
     return same / max(1, len(trace["rounds"]))
 
 
-def load_draft(
-    draft_dir: Path | str, runtime: str = "torch", vocab: int = 0, kv_slots: int = 16384
-) -> DraftRuntime:
-    """The draft a replay drafts with, built as the speculator builds it: the runtime `runtime`
-    (`--ssd-draft-runtime`'s names: "torch" is bf16, "torch-int8" FBGEMM's int8) on the CPU with
-    `kv_slots` KV tokens, and the draft vocabulary of its `vocab` most frequent ids installed
-    (`--ssd-draft-vocab`; 0 keeps every id).
-
-    Raises:
-        ValueError: an unknown runtime or one that cannot load the folder (`runtimes.resolve`).
-        FileNotFoundError: a folder without config.json.
-    """
-    request = LoadRequest(str(draft_dir), None, "cpu", "bfloat16", kv_slots, 1.0)
-    model = create_draft_runtime(runtime, request)
-    if vocab:
-        draft_vocab.install(model, draft_dir, vocab)  # type: ignore[arg-type]
-    return model
-
-
 def replay(
     model: DraftRuntime,
     trace: dict[str, Any],
@@ -222,11 +204,11 @@ _WORKER: dict[str, Any] = {}
 
 def _replay_worker_init(draft: dict[str, Any], cpus: Any) -> None:
     """Pool initializer: pin to one free core (one torch thread) and load the draft once
-    (`draft`: `load_draft`'s keyword arguments)."""
+    (`draft`: `cli_options.load_draft`'s keyword arguments)."""
     from sglang_ssd.placement import pin_process
 
     pin_process([cpus.get()])
-    _WORKER["model"] = load_draft(**draft)
+    _WORKER["model"] = cli_options.load_draft(**draft)
 
 
 def _replay_task(path: str, cfg: ReplayConfig, batch: int | None, seed: int) -> dict[str, Any]:
@@ -244,8 +226,8 @@ def replay_parallel(
     on_result: Callable[[dict[str, Any]], None],
 ) -> None:
     """Replay every (trace file, config) in `jobs` processes, each pinned to its own core with
-    its own copy of the draft (`draft`: `load_draft`'s keyword arguments); `on_result` gets each
-    result as it ends."""
+    its own copy of the draft (`draft`: `cli_options.load_draft`'s keyword arguments);
+    `on_result` gets each result as it ends."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 

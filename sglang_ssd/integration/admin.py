@@ -275,17 +275,19 @@ def parse_changes(body: bytes) -> LiveSettings:
     settable = f"settable at run time: {', '.join(LIVE_FIELDS)}"
     try:
         raw = msgspec.json.decode(body)
-    except msgspec.DecodeError as exc:
-        raise AdminError(400, f"malformed JSON: {exc}") from None
+    except msgspec.DecodeError as exc:  # msgspec's own text may begin "JSON is malformed: "
+        detail = str(exc).removeprefix("JSON is malformed: ")
+        raise AdminError(400, f"malformed JSON: {detail}") from None
     given = raw if isinstance(raw, dict) else {}
     fixed = [FLAGS[key].option for key in given if key in FLAGS and key not in LIVE_FIELDS]
     if fixed:
         raise AdminError(400, f"fixed at startup: {', '.join(fixed)} ({settable})")
     nulls = [key for key, value in given.items() if value is None]
     if nulls:  # `LiveSettings` reads null as "not given": say so rather than ignore it
+        self_tune = ", or tree_depth 0 to self-tune" if "tree_depth" in nulls else ""
         raise AdminError(
-            400, f"null is not a value of {', '.join(nulls)}: leave a setting out to keep it "
-            f"({settable})",
+            400, f"null is not a value of {', '.join(nulls)}: leave a setting out to keep it"
+            f"{self_tune} ({settable})",
         )  # fmt: skip
     try:
         changes = msgspec.convert(raw, LiveSettings)

@@ -13,17 +13,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from eval import cli_options
 from eval.datasets import Prompt, Record
 from eval.sampling import Sampling
+from eval.trace import __main__ as trace_cli
 from eval.trace.from_run import RunTraceError, trace_from_run
 from eval.trace.record import record
-from eval.trace.replay import (
-    ReplayConfig,
-    format_replay_table,
-    load_draft,
-    replay,
-    scripted_outcome,
-)
+from eval.trace.replay import ReplayConfig, format_replay_table, replay, scripted_outcome
 from eval.trace.target import HFTarget
 from sglang_ssd.config import SSDConfig
 from sglang_ssd.speculator import draft_vocab
@@ -112,6 +108,7 @@ def test_record_and_replay_sampled(tiny_target, tiny_draft):
 def _run_results(prompts: list[Prompt], outputs: list[list[int]], temperature: float = 0.0) -> dict:
     """An `eval run` results file's fields that `trace_from_run` reads."""
     return {
+        "schema": "sglang-ssd-eval/1",
         "experiment": {"name": "tiny", "dataset": "humaneval"},
         "git": {"commit": "0" * 40},
         "settings": {"sampling": {"temperature": temperature, "top_k": -1, "top_p": 1.0}},
@@ -145,7 +142,7 @@ def test_trace_from_run_replays_on_each_runtime(tiny_target, tiny_draft, tmp_pat
     ]
     assert trace["rounds"] == [] and trace["sampling"]["top_k"] == 1
     for runtime, vocab in (("torch", 0), ("torch-int8", 40)):
-        model = load_draft(tiny_draft, runtime, vocab=vocab, kv_slots=4096)
+        model = cli_options.load_draft(tiny_draft, runtime, 4096, vocab)
         assert isinstance(model, Int8DraftModel) == (runtime == "torch-int8")
         installed = model.vocab
         assert installed is None if not vocab else torch.equal(installed.ids, kept.ids)
@@ -163,3 +160,18 @@ def test_trace_from_run_refuses_what_it_cannot_replay():
         trace_from_run(_run_results(prompts, [[1, 2]]), other)
     with pytest.raises(RunTraceError, match="no units of 'SSD'"):
         trace_from_run(_run_results(prompts, [[1, 2]]), prompts, config="SSD")
+
+
+def test_from_run_says_what_is_wrong_without_a_traceback(tmp_path, capsys):
+    """The command line refuses a file that is not an `eval run` results file, and a replay
+    without --out (its old default overwrote a results file kept in the repository)."""
+    other = tmp_path / "kernels.json"
+    other.write_text('{"kernels": {}}')
+    with pytest.raises(SystemExit) as exited:
+        trace_cli.main(["from-run", str(other), "--out", str(tmp_path / "t.json")])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "is not an `eval run` results file" in err and "Traceback" not in err
+    with pytest.raises(SystemExit):
+        trace_cli.main(["replay", "--traces", str(other)])
+    assert "--out" in capsys.readouterr().err
