@@ -15,6 +15,7 @@ import pytest
 import sgl_kernel  # noqa: F401  registers torch.ops.sgl_kernel.*
 import torch
 from sglang_source import load_function
+from sglang_ssd_kernels.cpu_ops.attention import _extend_mask
 from torch.nn.functional import scaled_dot_product_attention
 
 POOL_ROWS = 1024
@@ -286,6 +287,39 @@ def test_extend_matches_dense_reference(dtype, kv_source, pattern, logit_cap) ->
         )
         torch.testing.assert_close(out[start : start + ext].double(), expected, **tolerance(dtype))
         start += ext
+
+
+@pytest.mark.parametrize("kv_source", ["k_extend", "pool"])
+def test_one_position_verify_is_bitwise_decode(kv_source) -> None:
+    """A plain round verifies one position per request with the tree mask `[[True]]`: it must
+    run exactly the decode step's attention (the same SDPA call, no mask), so that its greedy
+    token is plain decoding's."""
+    gen = torch.Generator().manual_seed(11)
+    seq_lens = [9, 33, 2]
+    paged = make_paged(gen, seq_lens, 2, 32, 32, torch.bfloat16)
+    q = torch.randn(3, 8, 32, generator=gen).to(torch.bfloat16)
+    lens = torch.tensor(seq_lens)
+    expected = decode(q, paged, None, None, torch.zeros(3, dtype=torch.int64), lens, 0.125)
+    k_ext = torch.stack([k[-1] for k in paged.keys])
+    v_ext = torch.stack([v[-1] for v in paged.values])
+    if kv_source == "k_extend":  # the new token's KV comes with the call, the prefix from the pool
+        paged = make_paged(torch.Generator().manual_seed(11), seq_lens, 2, 32, 32,
+                           torch.bfloat16, store_upto=[n - 1 for n in seq_lens])  # fmt: skip
+    out = extend(
+        q,
+        k_ext if kv_source == "k_extend" else None,
+        v_ext if kv_source == "k_extend" else None,
+        paged,
+        lens,
+        torch.ones(3, dtype=torch.int64),
+        0.125,
+        custom_mask=torch.ones(3, dtype=torch.bool),
+    )
+    assert torch.equal(out, expected)
+    # ... without building a mask: `[[True]]` (or any all-visible block) is no mask at all.
+    assert _extend_mask(torch.ones(1, 1, dtype=torch.bool), 1, 40, True) == (None, False)
+    chain, causal = _extend_mask(torch.ones(2, 2, dtype=torch.bool).tril(), 2, 40, True)
+    assert chain is not None and not chain[0, -1] and not causal
 
 
 @pytest.mark.parametrize(
