@@ -1,6 +1,6 @@
 """A greedy trace from a served run: the target's outputs of an `eval run` results file.
 
-`python -m eval trace record` decodes with the target in transformers, one prompt at a time,
+`python -m eval.trace record` decodes with the target in transformers, one prompt at a time,
 which on a 2-core CPU takes minutes per prompt. A replay needs only the prompts and the target's
 greedy outputs, and an `eval run` of the autoregressive server already holds those for its
 prompts (`batches[].requests[].output_ids`), served by SGLang itself. `trace_from_run` turns one
