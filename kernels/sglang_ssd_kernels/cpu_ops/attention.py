@@ -187,13 +187,15 @@ def _extend_mask(
 
     The prefix is always visible; among the new tokens, `tree_block` (`[ext_len, ext_len]`)
     when given, else causal when `is_causal`, else all. Without a prefix the causal case is
-    SDPA's own `is_causal` (no mask). A tree block that shows every new token every other one
-    (a plain round's `[[True]]`: one position per request) is no mask at all, so that such a
+    SDPA's own `is_causal` (no mask). A one-token tree block that shows the token itself (a
+    plain round's `[[True]]`: one position per request) is no mask at all, so that such a
     verify runs the very SDPA call `decode_attention_cpu` runs (bit for bit the decode step, and
-    without building and applying a `[1, seq_len]` mask per request and layer).
+    without building and applying a `[1, seq_len]` mask per request and layer). Larger blocks
+    are not inspected: a speculative verify's tree never shows every token every other, and
+    this runs per request and layer.
     """
     prefix = seq_len - ext_len
-    if tree_block is not None and bool(tree_block.all()):
+    if tree_block is not None and ext_len == 1 and bool(tree_block.all()):
         return None, False
     if tree_block is not None:
         mask = torch.ones(ext_len, seq_len, dtype=torch.bool)
