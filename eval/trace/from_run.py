@@ -10,11 +10,13 @@ rounds (`rounds_matching_record` of its replays is then 0).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
-from eval.datasets import Prompt
+from eval.datasets import DatasetError, Prompt
 from eval.harness import SCHEMA as RUN_SCHEMA
+from eval.mtbench_answers import load_answers
 from eval.sampling import Sampling
 
 
@@ -41,6 +43,25 @@ def check_run_file(results: Any, path: object = "the file") -> dict[str, Any]:
     if missing:
         raise RunTraceError(f"{path} has no {', '.join(missing)}: an interrupted run?")
     return results
+
+
+def run_answers(results: dict[str, Any]) -> Mapping[str, str] | None:
+    """The MT-Bench turn-1 answers a second-turn run's prompts were built with (its
+    `mtbench_answers` file, checked against the sha256 the run recorded), None for first turns.
+
+    Raises:
+        RunTraceError: the answers file is gone or changed since the run.
+    """
+    held = results["experiment"].get("mtbench_answers")
+    if not held:
+        return None
+    try:
+        answers = load_answers(Path(held["path"]))
+    except DatasetError as exc:
+        raise RunTraceError(f"the run's MT-Bench turn-1 answers: {exc}") from exc
+    if answers.sha256 != held["sha256"]:
+        raise RunTraceError(f"{held['path']} changed since the run (sha256 differs)")
+    return answers.answers
 
 
 def run_outputs(results: dict[str, Any], config: str, repeat: int) -> dict[str, list[int]]:

@@ -20,6 +20,7 @@ COMMANDS = [
     ("eval.bench_speculator.__main__", ["--help"]),
     ("eval.bench_verify", ["--help"]),
     ("eval.lossless", ["--help"]),
+    ("eval.mtbench_answers", ["--help"]),
     ("eval.margin.__main__", ["--help"]),
     ("eval.load", ["--help"]),
     ("eval.distribution.__main__", ["--help"]),
