@@ -188,9 +188,17 @@ def configure(worker: SSDWorker, changes: LiveSettings) -> AdminReply:
     logger.info("SSD: settings changed at run time: %s (speculator: %s)", changes, ack)
     return AdminReply(
         config=settings(worker),
-        acknowledged=changes if ack is None else ack.applied,
+        acknowledged=changes if ack is None else acknowledged(changes, ack.applied),
         applied_locally=ack is None,
     )
+
+
+def acknowledged(changes: LiveSettings, applied: LiveSettings) -> LiveSettings:
+    """The settings `changes` gave, with the values the speculator reports in force
+    (`applied`, all its live settings); a setting it reports none for (`tree_depth` 0, which
+    self-tunes: None there) keeps the value given."""
+    held = applied.given()
+    return LiveSettings(**{k: held.get(k, v) for k, v in changes.given().items()})
 
 
 def handle(worker: SSDWorker, frame: bytes, scheduler: Any = None) -> AdminReply:
@@ -370,7 +378,8 @@ def http_body(op: str, reply: AdminReply) -> Any:
     """The JSON body of a successful `reply` to an `op` request, as the HTTP routes return it.
 
     config: every setting; configure: ``{"acknowledged": ..., "config": ...}`` (acknowledged
-    holds the settings given, plus ``applied_locally: true`` when no speculator took them);
+    holds the settings given, as the speculator reports them in force, or with
+    ``applied_locally: true`` when no speculator took them);
     stats: the counters.
     """
     if op == "stats":

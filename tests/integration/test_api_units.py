@@ -203,11 +203,12 @@ def test_admin_config_round_trip() -> None:
     got = _ask(worker, "configure", beta=0.5, backup="ngram")
     assert got.status == 200 and got.config.beta == 0.5 and not got.applied_locally
     body = admin.http_body("configure", got)
-    assert body["acknowledged"] == {"beta": 0.5, "backup": "ngram", "fanout": "geometric",
-                                    "fanout_budget": 8, "plain_rounds": "never",
-                                    "prefill_lend_tokens": 128, "sync_rounds": "never"}  # fmt: skip
+    assert body["acknowledged"] == {"beta": 0.5, "backup": "ngram"}  # what was given
     assert body["config"]["beta"] == 0.5
     assert _ask(worker, "config").config.backup == "ngram"
+    body = admin.http_body("configure", _ask(worker, "configure", tree_depth=0))
+    assert body["acknowledged"] == {"tree_depth": 0}  # self-tuned: None in force, 0 as given
+    assert body["config"]["tree_depth"] is None
 
 
 def test_admin_reports_changes_no_speculator_took() -> None:
