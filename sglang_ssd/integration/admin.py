@@ -167,7 +167,11 @@ def fallback(policy: FallbackPolicy) -> dict[str, Any]:
         "p_hit": policy.p_hit,
         "alpha_hit": policy.alpha_hit,
         "backups": {
-            Backup(k).value: {"alpha": v.alpha, "latency_s": v.latency}
+            Backup(k).value: {
+                "alpha": v.alpha,
+                "latency_s": v.latency,
+                "observations": v.observations,
+            }
             for k, v in dict(policy.backups).items()
         },
     }

@@ -212,13 +212,18 @@ class RoundPlanner:
             )
         # Hits carry D <= γ tokens: α from the tuner's depth-aware counts, not E(α) = L at γ.
         self.policy.alpha_hit = self.tuner.alpha
+        # The Step's backup seconds are the just-in-time drafts' when the round has any (a
+        # request still prefilling gets an n-gram draft beside them, in microseconds).
+        timed = draft_kinds.JIT if draft_kinds.JIT in by_source else None
         for source in draft_kinds.backup_names():
             lengths = by_source.get(source)
             if lengths:
                 self.policy.observe(
                     backup=Backup(source),
                     accept_length_backup=sum(lengths) / len(lengths),
-                    t_backup=None if timing is None else timing.backup_s,
+                    t_backup=None
+                    if timing is None or timed not in (None, source)
+                    else timing.backup_s,
                 )
 
     def close_round(

@@ -134,6 +134,24 @@ def test_outcomes_teach_the_policy_and_the_tuner_from_the_rounds_drafts() -> Non
     assert (policy.t_verify, policy.t_spec) == before
 
 
+def test_a_rounds_backup_seconds_are_the_just_in_time_drafts() -> None:
+    """A request still prefilling gets an n-gram draft beside another's just-in-time draft: the
+    Step's backup seconds (the JIT draft's) must not teach the n-gram backup that it is slow."""
+    planner = RoundPlanner(SSDConfig(lookahead=GAMMA))
+    drafts = DraftBatch(
+        tokens=torch.zeros(2, GAMMA, dtype=torch.int64),
+        depth=torch.tensor([GAMMA, GAMMA]),
+        q=None,
+        has_q=torch.zeros(2, dtype=torch.bool),
+        sources=["jit", "ngram"],
+    )
+    planner.observe_outcomes(drafts, [3, 0], 0.5, SpeculatorTiming(backup_s=0.22))
+    jit, ngram = planner.policy.backups[Backup.JIT], planner.policy.backups[Backup.NGRAM]
+    assert jit.latency == pytest.approx(0.22) and jit.observations == 1
+    assert ngram.latency == default_policy(SSDConfig()).backups[Backup.NGRAM].latency
+    assert ngram.observations == 1  # its accept length was measured
+
+
 def test_plain_rounds_and_backups_change_live() -> None:
     planner = RoundPlanner(SSDConfig(lookahead=GAMMA))
     planner.apply({"plain_rounds": "always", "backup": "random"}, SSDConfig(lookahead=GAMMA))
