@@ -36,6 +36,11 @@ class BackupStats:
         alpha: per-token acceptance of its drafts, in [0, 1] (`alpha_from_accept_length`).
         latency: time to produce one draft of gamma tokens on a miss, in the same unit as
             `FallbackPolicy.t_verify` (e.g. seconds).
+        accept_length: the average of its rounds' accept lengths (tokens per request per
+            round, bonus included; None before one was measured), `alpha` being E^-1 of it.
+            Averaging each round's own alpha instead is biased low (E^-1 is concave): at batch
+            1 a just-in-time draft's rounds accept all or nothing (alpha 1 or 0), and five of
+            them with 2.6 tokens on average gave alpha 0.4 where E^-1(2.6) is 0.65.
         observations: rounds measured so far (0: `alpha` and `latency` are a starting guess).
             While fewer than 1 / `ema_weight`, `FallbackPolicy.observe` averages them evenly
             (the first replaces the guess): an option the policy does not choose is measured
@@ -47,6 +52,7 @@ class BackupStats:
     alpha: float
     latency: float
     observations: int = 0
+    accept_length: float | None = None
 
 
 @dataclass
@@ -187,7 +193,8 @@ class FallbackPolicy:
         t_backup: float | None = None,
     ) -> None:
         """Fold one round's measurements into the moving averages (weight `ema_weight`; a miss
-        option's first 1 / `ema_weight` rounds are averaged evenly, `BackupStats.observations`).
+        option's first 1 / `ema_weight` rounds are averaged evenly, `BackupStats.observations`,
+        and its accept lengths are averaged before alpha is solved from them).
 
         Args:
             hit_rate: fraction of the batch's requests that hit (1.0 / 0.0 for one request).
@@ -221,25 +228,21 @@ class FallbackPolicy:
             if backup is None:
                 raise ValueError("observe: backup is required with its measurements")
             key = Backup(backup)
-            alpha = (
-                None
-                if accept_length_backup is None
-                else alpha_from_accept_length(accept_length_backup, self.lookahead)
-            )
+            if accept_length_backup is not None:  # checked here, before anything changes
+                alpha_from_accept_length(accept_length_backup, self.lookahead)
             stats = self.backups.get(key)
             if stats is None:
-                if alpha is None or t_backup is None:
+                if accept_length_backup is None or t_backup is None:
                     raise ValueError(f"first observation of {key.value} needs both measurements")
-                _check_time("t_backup", t_backup)
-                self.backups[key] = BackupStats(alpha=alpha, latency=t_backup, observations=1)
-                return
+                stats = self.backups[key] = BackupStats(alpha=0.0, latency=t_backup)
             if t_backup is not None:
                 _check_time("t_backup", t_backup)
             stats.observations += 1
             # An even average over the first 1 / w rounds, then the moving average.
             wb = max(w, 1.0 / stats.observations)
-            if alpha is not None:
-                stats.alpha = ema(stats.alpha, alpha, wb)
+            if accept_length_backup is not None:
+                stats.accept_length = ema(stats.accept_length, accept_length_backup, wb)
+                stats.alpha = alpha_from_accept_length(stats.accept_length, self.lookahead)
             if t_backup is not None:
                 stats.latency = ema(stats.latency, t_backup, wb)
 

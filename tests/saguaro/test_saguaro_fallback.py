@@ -76,9 +76,7 @@ def test_observe_moving_averages() -> None:
     assert pol.backups[Backup.NGRAM].alpha == pytest.approx(alpha_from_accept_length(2.0, 4))
     assert pol.backups[Backup.NGRAM].latency == pytest.approx(0.004)
     pol.observe(backup=Backup.NGRAM, accept_length_backup=1.0, t_backup=0.002)
-    assert pol.backups[Backup.NGRAM].alpha == pytest.approx(
-        0.5 * alpha_from_accept_length(2.0, 4) + 0.5 * alpha_from_accept_length(1.0, 4)
-    )
+    assert pol.backups[Backup.NGRAM].alpha == pytest.approx(alpha_from_accept_length(1.5, 4))
     assert pol.backups[Backup.NGRAM].latency == pytest.approx(0.003)
     assert pol.backups[Backup.NGRAM].observations == 2
     fresh = FallbackPolicy(4, 0.8, 0.9, 0.45, 0.4, {Backup.JIT: BackupStats(0.9, 0.5)})
@@ -129,3 +127,21 @@ def test_a_rarely_measured_backup_forgets_its_starting_guess() -> None:
         pol.observe(backup=Backup.JIT, t_backup=0.22)
     pol.observe(backup=Backup.JIT, t_backup=1.22)
     assert jit.latency == pytest.approx(0.22 + 0.1 * 1.0)
+
+
+def test_backup_alpha_is_solved_from_the_average_accept_length() -> None:
+    """Batch 1 on the AMX Xeon, MT-Bench second turns: five just-in-time rounds accepted all
+    four draft tokens twice and none three times (2.6 tokens a round). Averaging each round's
+    alpha (1, 1, 0, 0, 0) gave 0.4, and the policy kept the n-gram backup; E^-1(2.6) = 0.65."""
+    backups = {
+        Backup.JIT: BackupStats(alpha=0.8, latency=0.5),
+        Backup.NGRAM: BackupStats(alpha=0.29, latency=0.002, observations=50),
+    }
+    pol = FallbackPolicy(4, p_hit=0.7, alpha_hit=0.72, t_verify=0.45, t_spec=0.4,
+                         backups=backups)  # fmt: skip
+    for tokens in (5.0, 5.0, 1.0, 1.0, 1.0):
+        pol.observe(backup=Backup.JIT, accept_length_backup=tokens, t_backup=0.22)
+    jit = pol.backups[Backup.JIT]
+    assert jit.accept_length == pytest.approx(2.6)
+    assert jit.alpha == pytest.approx(alpha_from_accept_length(2.6, 4)) and jit.alpha > 0.6
+    assert pol.choose(1) == Backup.JIT
