@@ -211,6 +211,10 @@ def _mtbench_answers(a: argparse.Namespace, tokenizer_dir: Path) -> mtbench_answ
     """The turn-1 answers that `--mtbench-turn 2` asks for (None for first turns or a run
     without MT-Bench); exits with the loader's message when the file is missing or wrong."""
     if getattr(a, "mtbench_turn", 1) != 2:
+        if getattr(a, "mtbench_answers", None) is not None:
+            raise SystemExit(
+                "python -m eval: error: --mtbench-answers is read only with --mtbench-turn 2"
+            )
         return None
     if datasets.MTBENCH not in datasets.sets_of(a.dataset):
         raise SystemExit(f"--mtbench-turn 2 needs MT-Bench prompts; --dataset is {a.dataset}")

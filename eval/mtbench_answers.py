@@ -162,7 +162,9 @@ def write_answers(
             )
         old = dict(held.answers)
     missing = [i for i in dict.fromkeys(ids) if i not in old]
-    new = generate(model_dir, missing, max_new_tokens, progress) if missing else {}
+    if not missing:  # nothing to add: the file stays as it is (its generator line too)
+        return load_answers(path)
+    new = generate(model_dir, missing, max_new_tokens, progress)
     import transformers
 
     data = {

@@ -14,7 +14,7 @@ import enum
 import math
 from dataclasses import dataclass, field
 
-from .acceptance import alpha_from_accept_length
+from .acceptance import alpha_from_accept_length, expected_accept_length
 from .averages import ema
 from .draft_kinds import JIT, backup_names, fast_backup_names
 from .speedup import expected_speedup
@@ -42,11 +42,14 @@ class BackupStats:
             1 a just-in-time draft's rounds accept all or nothing (alpha 1 or 0), and five of
             them with 2.6 tokens on average gave alpha 0.4 where E^-1(2.6) is 0.65.
         observations: rounds measured so far (0: `alpha` and `latency` are a starting guess).
-            While fewer than 1 / `ema_weight`, `FallbackPolicy.observe` averages them evenly
-            (the first replaces the guess): an option the policy does not choose is measured
-            only now and then (a new request's first round drafts just in time), and a moving
-            average at weight 0.1 kept the 0.5 s guess for the just-in-time draft near 0.45 s
-            on a CPU that drafted it in 0.22 s, so batch 1 took the n-gram backup on misses.
+            `FallbackPolicy.observe` counts the guess as one round and averages it evenly with
+            the first rounds until a round would weigh less than `ema_weight`: an option the
+            policy does not choose is measured only now and then (a new request's first round
+            drafts just in time), and a moving average at weight 0.1 kept the 0.5 s guess for
+            the just-in-time draft near 0.45 s on a CPU that drafted it in 0.22 s, so batch 1
+            took the n-gram backup on misses. (Letting the first round replace the guess was
+            tried: the server's startup warm-up, one round on a 6-token prompt, then set the
+            n-gram backup's alpha to 0.)
     """
 
     alpha: float
@@ -193,7 +196,7 @@ class FallbackPolicy:
         t_backup: float | None = None,
     ) -> None:
         """Fold one round's measurements into the moving averages (weight `ema_weight`; a miss
-        option's first 1 / `ema_weight` rounds are averaged evenly, `BackupStats.observations`,
+        option's starting guess and first rounds are averaged evenly, `BackupStats.observations`,
         and its accept lengths are averaged before alpha is solved from them).
 
         Args:
@@ -228,20 +231,32 @@ class FallbackPolicy:
             if backup is None:
                 raise ValueError("observe: backup is required with its measurements")
             key = Backup(backup)
-            if accept_length_backup is not None:  # checked here, before anything changes
-                alpha_from_accept_length(accept_length_backup, self.lookahead)
+            alpha = (
+                None
+                if accept_length_backup is None
+                else alpha_from_accept_length(accept_length_backup, self.lookahead)
+            )
             stats = self.backups.get(key)
-            if stats is None:
-                if accept_length_backup is None or t_backup is None:
+            if stats is None:  # no guess: the first round is the estimate
+                if alpha is None or t_backup is None:
                     raise ValueError(f"first observation of {key.value} needs both measurements")
-                stats = self.backups[key] = BackupStats(alpha=0.0, latency=t_backup)
+                _check_time("t_backup", t_backup)
+                self.backups[key] = BackupStats(
+                    alpha=alpha, latency=t_backup, observations=1,
+                    accept_length=accept_length_backup,
+                )  # fmt: skip
+                return
             if t_backup is not None:
                 _check_time("t_backup", t_backup)
             stats.observations += 1
-            # An even average over the first 1 / w rounds, then the moving average.
-            wb = max(w, 1.0 / stats.observations)
+            # The guess (or the first round) weighs as one round: an even average, then the
+            # moving average once a round would weigh less than w.
+            wb = max(w, 1.0 / (stats.observations + 1))
             if accept_length_backup is not None:
-                stats.accept_length = ema(stats.accept_length, accept_length_backup, wb)
+                held = stats.accept_length
+                if held is None:  # a guess: its accept length
+                    held = expected_accept_length(stats.alpha, self.lookahead)
+                stats.accept_length = ema(held, accept_length_backup, wb)
                 stats.alpha = alpha_from_accept_length(stats.accept_length, self.lookahead)
             if t_backup is not None:
                 stats.latency = ema(stats.latency, t_backup, wb)

@@ -102,6 +102,11 @@ def test_extending_keeps_old_answers_and_refuses_other_settings(
     extended = mtbench_answers.write_answers(path, tiny_target, ["83", "81"], TOKENS, False)
     assert set(extended.answers) == {"81", "82", "83"}
     assert {k: extended.answers[k] for k in before} == before
+    held = json.loads(path.read_text()) | {"generator": "transformers 4.0.0, greedy"}
+    path.write_text(json.dumps(held))  # answers of an older transformers stay as they are
+    untouched = path.read_bytes()
+    mtbench_answers.write_answers(path, tiny_target, ["82"], TOKENS, False)  # nothing to add
+    assert path.read_bytes() == untouched
     with pytest.raises(DatasetError, match=r"--max-new-tokens 6; asked for .* with 7"):
         mtbench_answers.write_answers(path, tiny_target, ["84"], TOKENS + 1, False)
 
@@ -123,7 +128,9 @@ def test_eval_cli_loads_answers_only_for_second_turns(answers_file: Path, tmp_pa
         base = {"dataset": "both", "mtbench_turn": 2, "mtbench_answers": answers_file}
         return argparse.Namespace(**(base | kw))
 
-    assert eval_cli._mtbench_answers(ns(mtbench_turn=1), tmp_path) is None
+    assert eval_cli._mtbench_answers(ns(mtbench_turn=1, mtbench_answers=None), tmp_path) is None
+    with pytest.raises(SystemExit, match="read only with --mtbench-turn 2"):
+        eval_cli._mtbench_answers(ns(mtbench_turn=1), tmp_path)
     assert set(eval_cli._mtbench_answers(ns(), tmp_path).answers) == {"81", "82"}
     with pytest.raises(SystemExit, match="needs MT-Bench prompts"):
         eval_cli._mtbench_answers(ns(dataset="humaneval"), tmp_path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sglang_ssd.saguaro import Backup, BackupStats, FallbackPolicy, alpha_from_accept_length
+from sglang_ssd.saguaro.acceptance import expected_accept_length
 
 
 def policy(jit_latency: float = 0.05, p_hit: float = 0.9, **kwargs) -> FallbackPolicy:
@@ -71,13 +72,15 @@ def test_observe_moving_averages() -> None:
     assert pol.t_verify == pytest.approx(0.5) and pol.t_spec == pytest.approx(0.5)
     pol.observe(accept_length_hit=5.0)
     assert pol.alpha_hit == pytest.approx(0.5 * 0.88 + 0.5 * 1.0)
-    # A miss option's first measurement replaces its starting guess, the second counts half.
+    # A miss option's starting guess weighs as one round: averaged evenly with the first ones.
+    guess = expected_accept_length(0.55, 4)
     pol.observe(backup=Backup.NGRAM, accept_length_backup=2.0, t_backup=0.004)
-    assert pol.backups[Backup.NGRAM].alpha == pytest.approx(alpha_from_accept_length(2.0, 4))
-    assert pol.backups[Backup.NGRAM].latency == pytest.approx(0.004)
-    pol.observe(backup=Backup.NGRAM, accept_length_backup=1.0, t_backup=0.002)
-    assert pol.backups[Backup.NGRAM].alpha == pytest.approx(alpha_from_accept_length(1.5, 4))
-    assert pol.backups[Backup.NGRAM].latency == pytest.approx(0.003)
+    ngram = pol.backups[Backup.NGRAM]
+    assert ngram.alpha == pytest.approx(alpha_from_accept_length((guess + 2.0) / 2, 4))
+    assert ngram.latency == pytest.approx(0.003)
+    pol.observe(backup=Backup.NGRAM, accept_length_backup=1.0, t_backup=0.002)  # weight 0.5
+    assert ngram.alpha == pytest.approx(alpha_from_accept_length(((guess + 2) / 2 + 1) / 2, 4))
+    assert ngram.latency == pytest.approx(0.0025)
     assert pol.backups[Backup.NGRAM].observations == 2
     fresh = FallbackPolicy(4, 0.8, 0.9, 0.45, 0.4, {Backup.JIT: BackupStats(0.9, 0.5)})
     fresh.observe(backup="random", accept_length_backup=1.01, t_backup=0.001)
@@ -121,12 +124,21 @@ def test_a_rarely_measured_backup_forgets_its_starting_guess() -> None:
     for _ in range(3):
         pol.observe(backup=Backup.JIT, accept_length_backup=3.0, t_backup=0.22)
     jit = pol.backups[Backup.JIT]
-    assert jit.latency == pytest.approx(0.22) and jit.observations == 3
+    assert jit.latency == pytest.approx((0.5 + 3 * 0.22) / 4) and jit.observations == 3
     assert pol.choose(1) == Backup.JIT and pol.batch_threshold() > 1
-    for _ in range(7):  # ten measured: from now on each moves it by ema_weight
+    for _ in range(6):  # the guess and nine rounds: from now on each moves it by ema_weight
         pol.observe(backup=Backup.JIT, t_backup=0.22)
-    pol.observe(backup=Backup.JIT, t_backup=1.22)
-    assert jit.latency == pytest.approx(0.22 + 0.1 * 1.0)
+    before = jit.latency
+    pol.observe(backup=Backup.JIT, t_backup=before + 1.0)
+    assert jit.latency == pytest.approx(before + 0.1 * 1.0)
+
+
+def test_one_warm_up_round_does_not_erase_a_guess() -> None:
+    """The server's startup warm-up (one round on a 6-token prompt) accepted nothing from its
+    n-gram draft: when a first round replaced the guess, the n-gram backup's alpha was 0."""
+    pol = policy()
+    pol.observe(backup=Backup.NGRAM, accept_length_backup=1.0, t_backup=0.0003)
+    assert 0.2 < pol.backups[Backup.NGRAM].alpha < 0.55
 
 
 def test_backup_alpha_is_solved_from_the_average_accept_length() -> None:
@@ -135,13 +147,14 @@ def test_backup_alpha_is_solved_from_the_average_accept_length() -> None:
     alpha (1, 1, 0, 0, 0) gave 0.4, and the policy kept the n-gram backup; E^-1(2.6) = 0.65."""
     backups = {
         Backup.JIT: BackupStats(alpha=0.8, latency=0.5),
-        Backup.NGRAM: BackupStats(alpha=0.29, latency=0.002, observations=50),
+        Backup.NGRAM: BackupStats(alpha=0.18, latency=0.002, observations=50),  # measured
     }
     pol = FallbackPolicy(4, p_hit=0.7, alpha_hit=0.72, t_verify=0.45, t_spec=0.4,
                          backups=backups)  # fmt: skip
     for tokens in (5.0, 5.0, 1.0, 1.0, 1.0):
         pol.observe(backup=Backup.JIT, accept_length_backup=tokens, t_backup=0.22)
     jit = pol.backups[Backup.JIT]
-    assert jit.accept_length == pytest.approx(2.6)
-    assert jit.alpha == pytest.approx(alpha_from_accept_length(2.6, 4)) and jit.alpha > 0.6
+    mean = (expected_accept_length(0.8, 4) + 13.0) / 6  # the guess weighs as one round
+    assert jit.accept_length == pytest.approx(mean)
+    assert jit.alpha == pytest.approx(alpha_from_accept_length(mean, 4)) and jit.alpha > 0.6
     assert pol.choose(1) == Backup.JIT
