@@ -210,11 +210,9 @@ def _settings(a: argparse.Namespace) -> RunSettings:
 def _mtbench_answers(a: argparse.Namespace, tokenizer_dir: Path) -> mtbench_answers.Answers | None:
     """The turn-1 answers that `--mtbench-turn 2` asks for (None for first turns or a run
     without MT-Bench); exits with the loader's message when the file is missing or wrong."""
-    if getattr(a, "mtbench_turn", 1) != 2:
-        if getattr(a, "mtbench_answers", None) is not None:
-            raise SystemExit(
-                "python -m eval: error: --mtbench-answers is read only with --mtbench-turn 2"
-            )
+    if a.mtbench_turn != 2:
+        if a.mtbench_answers is not None:
+            raise SystemExit("--mtbench-answers is read only with --mtbench-turn 2")
         return None
     if datasets.MTBENCH not in datasets.sets_of(a.dataset):
         raise SystemExit(f"--mtbench-turn 2 needs MT-Bench prompts; --dataset is {a.dataset}")
@@ -222,7 +220,7 @@ def _mtbench_answers(a: argparse.Namespace, tokenizer_dir: Path) -> mtbench_answ
     try:
         return mtbench_answers.load_answers(path)
     except datasets.DatasetError as exc:
-        raise SystemExit(f"python -m eval: error: {exc}") from exc
+        raise SystemExit(str(exc)) from exc
 
 
 def _run(
@@ -249,7 +247,7 @@ def _run(
                 answers=None if answers is None else answers.answers,
             )
         except datasets.DatasetError as exc:
-            raise SystemExit(f"python -m eval: error: {exc}") from exc
+            raise SystemExit(str(exc)) from exc
         sources = {d: datasets.source_info(d) for d in datasets.sets_of(a.dataset)}
         dataset = {
             "dataset": a.dataset,

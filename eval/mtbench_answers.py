@@ -23,7 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eval.datasets import MTBENCH, DatasetError, load_records, select
+from eval.datasets import (
+    MTBENCH,
+    DatasetError,
+    apply_template,
+    load_records,
+    load_tokenizer,
+    select,
+)
 
 SCHEMA = "sglang-ssd-mtbench-answers/1"
 DATA = Path(__file__).resolve().parent / "data"
@@ -117,20 +124,14 @@ def generate(
     records = select(load_records(MTBENCH), ids=ids)
     import torch
     from tqdm import tqdm
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    if not getattr(tokenizer, "chat_template", None):
-        raise DatasetError(f"{model_dir}: the tokenizer has no chat template")
+    tokenizer = load_tokenizer(model_dir)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), torch_dtype="auto")
     model.eval()
     out: dict[str, str] = {}
     for record in tqdm(records, desc="MT-Bench turn-1 answers", disable=not progress):
-        ids_in = tokenizer.apply_chat_template(
-            record.messages(), add_generation_prompt=True, return_tensors="pt"
-        )
-        if hasattr(ids_in, "keys"):  # BatchEncoding in newer transformers
-            ids_in = ids_in["input_ids"]
+        ids_in = torch.tensor([apply_template(tokenizer, record).input_ids])
         with torch.inference_mode():
             seq = model.generate(
                 ids_in,
@@ -152,8 +153,8 @@ def write_answers(
         DatasetError: `path` holds answers of another model or answer length, or as `generate`.
     """
     old: dict[str, str] = {}
-    if Path(path).exists():
-        held = load_answers(path)
+    held = load_answers(path) if Path(path).exists() else None
+    if held is not None:
         if (held.model, held.max_new_tokens) != (Path(model_dir).name, max_new_tokens):
             raise DatasetError(
                 f"{path} holds answers of {held.model} with --max-new-tokens "
@@ -162,8 +163,8 @@ def write_answers(
             )
         old = dict(held.answers)
     missing = [i for i in dict.fromkeys(ids) if i not in old]
-    if not missing:  # nothing to add: the file stays as it is (its generator line too)
-        return load_answers(path)
+    if not missing and held is not None:  # nothing to add: the file stays as it is
+        return held
     new = generate(model_dir, missing, max_new_tokens, progress)
     import transformers
 

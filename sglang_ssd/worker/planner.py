@@ -214,16 +214,15 @@ class RoundPlanner:
         self.policy.alpha_hit = self.tuner.alpha
         # The Step's backup seconds are the just-in-time drafts' when the round has any (a
         # request still prefilling gets an n-gram draft beside them, in microseconds).
-        timed = draft_kinds.JIT if draft_kinds.JIT in by_source else None
+        has_jit = draft_kinds.JIT in by_source
         for source in draft_kinds.backup_names():
             lengths = by_source.get(source)
             if lengths:
+                timed = timing is not None and (source == draft_kinds.JIT or not has_jit)
                 self.policy.observe(
                     backup=Backup(source),
                     accept_length_backup=sum(lengths) / len(lengths),
-                    t_backup=None
-                    if timing is None or timed not in (None, source)
-                    else timing.backup_s,
+                    t_backup=timing.backup_s if timed else None,
                 )
 
     def close_round(
