@@ -246,6 +246,9 @@ def _run(
                 a.prompt_ids,
                 answers=None if answers is None else answers.answers,
             )
+        except datasets.UnansweredError as exc:
+            assert answers is not None
+            raise SystemExit(f"{exc} (with --out {answers.path})") from exc
         except datasets.DatasetError as exc:
             raise SystemExit(str(exc)) from exc
         sources = {d: datasets.source_info(d) for d in datasets.sets_of(a.dataset)}

@@ -37,6 +37,10 @@ class DatasetError(RuntimeError):
     """A prompt set's package is missing or its file does not look as expected."""
 
 
+class UnansweredError(DatasetError):
+    """MT-Bench second turns asked for questions that have no turn-1 answer."""
+
+
 @dataclass(frozen=True)
 class Record:
     """One prompt as shipped by its package, before any template.
@@ -202,11 +206,14 @@ def load_prompts(
     MT-Bench prompts are second turns (`load_records`).
 
     Raises:
+        UnansweredError: with `answers`, an MT-Bench question in `ids` that has none.
         DatasetError: as `select`, or a set's package missing.
     """
+    if answers is not None and dataset != HUMANEVAL:
+        _check_answered(ids, answers)  # so an unknown id below is no MT-Bench question at all
     hint = (
         ""
-        if answers is None
+        if answers is None or ids
         else " (MT-Bench second turns exist only for questions with a turn-1 answer: "
         "`python -m eval.mtbench_answers --prompt-ids ID ...` adds them)"
     )
@@ -224,6 +231,24 @@ def load_prompts(
         he, mt = he[: (n + 1) // 2], mt[: n // 2]
     mixed = [r for pair in zip(he, mt, strict=False) for r in pair] + he[len(mt) :]
     return [apply_template(tokenizer, r) for r in mixed]
+
+
+def _check_answered(ids: Sequence[str], answers: Mapping[str, str]) -> None:
+    """Refuse MT-Bench question ids that exist but have no turn-1 answer in `answers`.
+
+    Raises:
+        UnansweredError: naming those ids, the ids that are answered and the command that adds
+            answers (an id that is no MT-Bench question is left to `select`'s message).
+    """
+    questions = {r.id for r in load_records(MTBENCH)}
+    unanswered = [i for i in ids if i in questions and i not in answers]
+    if unanswered:
+        answered = ", ".join(sorted(answers, key=lambda k: (len(k), k))) or "none"
+        raise UnansweredError(
+            f"MT-Bench question(s) {', '.join(unanswered)} have no turn-1 answer (the answers "
+            f"file has {answered}): `python -m eval.mtbench_answers --prompt-ids "
+            f"{' '.join(unanswered)}` adds them"
+        )
 
 
 def sets_of(dataset: str) -> tuple[str, ...]:

@@ -68,10 +68,12 @@ def load_answers(path: Path) -> Answers:
     """Read and check an answers file.
 
     Raises:
-        DatasetError: the file is missing (the message names the command that writes it), is not
-            JSON, or is not an answers file (`SCHEMA`).
+        DatasetError: the file is missing (the message names the command that writes it), is a
+            directory, is not JSON, or is not an answers file (`SCHEMA`).
     """
     path = Path(path)
+    if path.is_dir():
+        raise DatasetError(f"{path} is a directory: name an answers file (a .json path)")
     if not path.is_file():
         raise DatasetError(
             f"no MT-Bench turn-1 answers at {path}: write them with `python -m "

@@ -87,10 +87,15 @@ def test_both_sets_alternate_with_second_turns(tiny_target: Path, answers_file: 
 def test_a_question_without_an_answer_names_the_command(
     tiny_target: Path, answers_file: Path
 ) -> None:
+    """A question that exists but is not answered is told apart from an id that is no question."""
     held = mtbench_answers.load_answers(answers_file)
     tokenizer = datasets.load_tokenizer(tiny_target)
-    with pytest.raises(DatasetError, match=r"unknown prompt id\(s\): 83 .*eval.mtbench_answers"):
-        load_prompts(MTBENCH, tokenizer, ids=["81", "83"], answers=held.answers)
+    unanswered = r"question\(s\) 83 have no turn-1 answer \(the answers file has 81, 82\)"
+    for dataset in (MTBENCH, datasets.BOTH):
+        with pytest.raises(DatasetError, match=rf"{unanswered}.*--prompt-ids 83` adds them"):
+            load_prompts(dataset, tokenizer, ids=["81", "83"], answers=held.answers)
+    with pytest.raises(DatasetError, match=r"^unknown prompt id\(s\): 999$"):
+        load_prompts(MTBENCH, tokenizer, ids=["81", "999"], answers=held.answers)
 
 
 def test_extending_keeps_old_answers_and_refuses_other_settings(
@@ -121,6 +126,8 @@ def test_bad_files_are_refused_with_a_message(tmp_path: Path) -> None:
     other.write_text("{")
     with pytest.raises(DatasetError, match="is not JSON"):
         mtbench_answers.load_answers(other)
+    with pytest.raises(DatasetError, match="is a directory: name an answers file"):
+        mtbench_answers.load_answers(tmp_path)
 
 
 def test_eval_cli_loads_answers_only_for_second_turns(answers_file: Path, tmp_path: Path) -> None:
