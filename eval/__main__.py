@@ -125,7 +125,9 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--prompts", type=int, default=10, help="first N prompts of the set (default %(default)s)"
     )
-    p.add_argument("--prompt-ids", nargs="*", default=(), help="explicit prompt ids instead")
+    p.add_argument(
+        "--prompt-ids", nargs="+", default=(), metavar="ID", help="explicit prompt ids instead"
+    )
     p.add_argument(
         "--mtbench-turn",
         type=int,

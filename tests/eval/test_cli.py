@@ -45,15 +45,18 @@ def test_help(module: str, argv: list[str], capsys: pytest.CaptureFixture) -> No
         ("--standalone-gammas", "3,x", "not comma-separated integers"),
         ("--standalone-gammas", "", "needs one or more integers >= 1, got ''"),
         ("--standalone-gammas", "3,0", "needs one or more integers >= 1, got '3,0'"),
+        ("--prompt-ids", None, "argument --prompt-ids: expected at least one argument"),
     ],
 )
 def test_eval_ssd_refuses_bad_lists_at_parse_time(
-    flag: str, value: str, message: str, capsys: pytest.CaptureFixture, tmp_path: Path
+    flag: str, value: str | None, message: str, capsys: pytest.CaptureFixture, tmp_path: Path
 ) -> None:
-    """A bad or empty name or γ list fails before any server starts (exit status 2, argparse's;
-    an empty list once ran the whole default benchmark). Were it accepted, the one CPU given
-    stops the command at once with another exit status (no server, no results file)."""
-    argv = ["ssd", flag, value, "--cpus", "0", "--out", str(tmp_path / "never.json")]
+    """A bad or empty name, γ or prompt-id list fails before any server starts (exit status 2,
+    argparse's; an empty list once ran the whole default benchmark, and `--prompt-ids` with no
+    ids still did for a new user). Were it accepted, the one CPU given stops the command at once
+    with another exit status (no server, no results file)."""
+    given = [] if value is None else [value]
+    argv = ["ssd", flag, *given, "--cpus", "0", "--out", str(tmp_path / "never.json")]
     with pytest.raises(SystemExit) as done:
         importlib.import_module("eval.__main__").main(argv)
     assert done.value.code == 2
