@@ -10,7 +10,7 @@ INSTALL_INPUTS := scripts/install.sh scripts/install_placeholders.py scripts/app
 SERVE_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install models serve test test-real test-unit lint bench bench-quick gpu-check gpu-run clean
+.PHONY: install models serve test test-real test-unit lint bench bench-quick gpu-check gpu-run gpu-wheels clean
 
 install: $(STAMP)
 
@@ -58,9 +58,16 @@ gpu-check:
 	$(PYTHON) -m pytest -c tests/gpu/pytest.ini --confcutdir=tests/gpu tests/gpu -m gpu \
 		--durations=0 $(PYTEST_ARGS)
 
-# The one device script: the GPU checks (<= 3 min), then eval.gpu_model's timings, all to $OUT.
+# The one device script (<= about 4.5 min): environment records, the GPU checks, then
+# eval.gpu_model's timings on a small grid, all to $OUT, one `check NAME: ...` line per check.
+# Run `make gpu-wheels` first where the package index is reachable and carry gpu-wheels/ with
+# the run: the GPU machine reaches no index (docs/cuda.md#gpu-checks).
 gpu-run:
 	PYTHON=$(PYTHON) bash scripts/gpu_check.sh
+
+# msgspec, pyzmq and psutil wheels for the GPU machine's CPython 3.12 (about 1.2 MB).
+gpu-wheels:
+	PYTHON=$(PYTHON) bash scripts/gpu_wheels.sh gpu-wheels
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -24,6 +24,12 @@ Subcommands:
             same HumanEval prompts, batch 1, greedy (eval/results/options-cost-b1.json).
   margin    ε of the greedy rule: decode vs TARGET_VERIFY argmax, teacher-forced, on the real
             pair (eval.margin; eval/results/margin-eps.json, resumable).
+  target-split  where the target's forward goes inside SGLang on the CPU: matmuls, attention,
+            the shim's ops, norms, RoPE, LM head, the rest, at 1, 5 and 20 rows, against its
+            weight-streaming and compute floors (eval.target_split).
+  outcomes  which outcomes the speculation cache holds: `record` rounds with the draft's own
+            probabilities, `replay` geometric / uniform / predicted fan-out on them (hit rate
+            against B, eval.outcomes; eval/results/outcomes-replay.json and a figure).
 """
 
 from __future__ import annotations
@@ -46,9 +52,11 @@ from eval import (
     model_check,
     mtbench_answers,
     options_cost,
+    outcomes,
     report,
     ssd_bench,
     sweep,
+    target_split,
 )
 from eval import configs as presets
 from eval.configs import Config
@@ -591,7 +599,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=[],
         metavar="NAME=FLAGS",
         help="another SSD configuration to run alongside, e.g. "
-        "'SSD-noplain=--ssd-plain-rounds never' (repeatable)",
+        "'SSD-async=--ssd-mode async' (repeatable)",
     )
     p.add_argument(
         "--ssd-live",
@@ -599,7 +607,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=[],
         metavar="NAME=JSON",
         help="another SSD configuration on the SSD server itself, its live settings applied "
-        """before each unit, e.g. 'SSD-auto={"plain_rounds": "auto"}' (repeatable)""",
+        """before each unit, e.g. 'SSD-sync={"mode": "sync"}' (repeatable)""",
     )
     cli_options.add_pair(p)
     p.set_defaults(func=cmd_mixed, repeats=2, servers="concurrent")
@@ -658,6 +666,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = sub.add_parser("margin", help="measure ε of the greedy rule on the real pair")
     margin.add_arguments(p)
     p.set_defaults(func=margin.run)
+
+    p = sub.add_parser("outcomes", help="record rounds, replay fan-out allocations on them")
+    outcomes.add_arguments(p)
+
+    p = sub.add_parser("target-split", help="where the target's forward goes (in SGLang, CPU)")
+    target_split.add_arguments(p)
+    p.set_defaults(func=target_split.run)
 
     p = sub.add_parser("options", help="what each request option costs SSD (tok/s ratio)")
     options_cost.add_arguments(p)

@@ -73,7 +73,7 @@ class Config:
 
     @property
     def ssd_mode(self) -> str:
-        """`--ssd-mode` (async or sync), or `SSDConfig`'s default when not given."""
+        """`--ssd-mode` (auto, async, sync or plain), or `SSDConfig`'s default when not given."""
         return flag_value(self.args, "--ssd-mode") or _SSD_DEFAULTS.mode
 
     def to_dict(self) -> dict[str, Any]:
@@ -215,7 +215,8 @@ def ssd(
     threads: int | None = None,
     extra: Sequence[str] = (),
 ) -> Config:
-    """This package's SSD (`--ssd-mode async`) or its synchronous-SD baseline (`sync`).
+    """This package's SSD (`--ssd-mode async`), its synchronous-SD baseline (`sync`) or
+    another `--ssd-mode` (`auto`, the server's default; `plain`).
 
     On CPU the server is pinned to `cpus`; the speculator takes `draft_cpus` out of them (None:
     the launcher's split, i.e. the last core, or the only core shared when `cpus` has one).
@@ -249,9 +250,10 @@ def baseline(
 def live_variants(base: Config, specs: Sequence[str]) -> list[Config]:
     """`base` and, per spec `NAME=JSON`, a configuration on `base`'s server whose units run
     with those live SSD settings (`POST /ssd/config` before each unit), e.g.
-    'SSD-auto={"plain_rounds": "auto"}'. Same-server variants rule out the 8-16% that two
+    'SSD-sync={"mode": "sync"}'. Same-server variants rule out the 8-16% that two
     servers of one configuration can differ by. `base`'s own units then reset those settings
-    to the defaults (`SSDConfig`), so every unit runs with the settings its name says.
+    to the defaults (`SSDConfig`; `mode` to `base`'s own), so every unit runs with the settings
+    its name says.
 
     Raises:
         ValueError: a spec without `NAME=`, settings that are not a non-empty JSON object, or
@@ -274,6 +276,8 @@ def live_variants(base: Config, specs: Sequence[str]) -> list[Config]:
         return [base]
     keys = {key for v in variants for key in v.admin or {}}
     reset = {key: getattr(_SSD_DEFAULTS, key) for key in sorted(keys)}
+    if "mode" in reset:
+        reset["mode"] = base.ssd_mode
     return [replace(base, share=base.name, admin=reset), *variants]
 
 

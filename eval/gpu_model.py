@@ -10,7 +10,8 @@
    `--context`-token prompt; a hit-path round = apply the outcome that hits + serve + build (glue,
    fork, tree decode of depth D, populate) at fan-out budget B, median of `--reps`; and the
    just-in-time draft of D tokens (the backup on a miss, and synchronous SD's drafting);
-3. the speedup model (`saguaro.expected_speedup`, Theorem 7 as corrected in DESIGN.md §1) for
+3. the speedup model (`saguaro.expected_speedup`, Theorem 7 as corrected in
+docs/design.md#speedup-model-theorem-7) for
    per-token acceptance α in {0.6, 0.7, 0.8, 0.9} and the real pair's rates (the CPU runs'
    components in eval/results/model-check.json), with γ = D, the hit model 1 - p_hit(F) = c F^-r
    of the real pair at the geometric fan-out (Theorem 12, `eval.model_check.Components`), and
@@ -343,7 +344,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "speculator": "SpeculatorEngine (eager, HF modules + branch attention), greedy "
             "requests; round_s = apply a hitting outcome + serve + build, median of reps; jit "
             "= serve of a D-token just-in-time draft",
-            "model": "expected_speedup (Theorem 7, DESIGN.md corrections) with gamma = D, "
+            "model": "expected_speedup (Theorem 7, docs/design.md#speedup-model-theorem-7) "
+            "with gamma = D, "
             "p_hit from the hit model at the geometric fan-out; SD = E(alpha, D) T_AR / "
             "(T_jit + T_v)",
         },

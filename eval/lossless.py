@@ -4,7 +4,7 @@ The full check of issue 5: 20 HumanEval prompts and 10 MT-Bench first turns × 1
 the real pair, AR (`--speculative-algorithm NONE`) and SSD (defaults) served one after the other
 (never two servers at once, so neither steals the other's cores; SSD first, so that the AR
 server also gives the continuations), batch 1. Outputs must match token for token, except at
-positions whose fp32 top-2 margin is below ε (DESIGN.md §1, ε as measured by
+positions whose fp32 top-2 margin is below ε (docs/design.md#the-greedy-rule, ε as measured by
 `python -m eval.margin`). After such a position the AR server continues from SSD's
 own prefix and the rest of SSD's output is compared against that, so every token of every output
 is checked; each divergence is listed in the JSON with its margin, and each row carries the SSD

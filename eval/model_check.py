@@ -185,7 +185,8 @@ def predict(comp: Components, budget: int, depth: int | None = None) -> dict[str
         ``speedup``, ``depth`` (the D rated), ``p_hit``, ``t_spec`` (T_p / T_v) and the
         speedup at every D (``by_depth``).
 
-    Source: paper Theorem 7 with DESIGN.md §1's corrections (`expected_speedup`), Definition 11
+    Source: paper Theorem 7 with docs/design.md#speedup-model-theorem-7 corrections
+    (`expected_speedup`), Definition 11
     and Theorem 12 for the hit rate.
     """
     by_depth = {d: _speedup(comp, budget, d) for d in range(1, comp.lookahead + 1)}

@@ -30,6 +30,7 @@ from sglang_ssd.config import DEFAULT_LOOKAHEAD
 ARRANGEMENTS = ("paper", "equal")
 STANDALONE_2C = "STANDALONE-2c"
 SSD_1_1C = "SSD-1+1c"
+SSD_AUTO = "SSD-auto"  # the default `--ssd-mode auto`: each round's arrangement measured fastest
 
 
 def bench_configs(
@@ -90,6 +91,13 @@ def bench_configs(
             *((f"{SSD_1_1C}-{r}", (*ssd_extra, "--ssd-draft-runtime", r)) for r in ssd_runtimes),
         ]
     ]
+    if "equal" in arrangements:  # the default on the same 2 cores as SSD-1+1c
+        ssds.append(
+            presets.ssd(
+                target, draft, name=SSD_AUTO, mode="auto", cpus=both, draft_cpus=(draft_cpu,),
+                extra=ssd_extra, **kw,
+            )
+        )  # fmt: skip
     return [*out, *ssds]
 
 

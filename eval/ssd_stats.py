@@ -3,7 +3,8 @@
 `/ssd/stats` reports per-round averages since the server started. `totals` turns one reply into
 cumulative totals, `delta` subtracts two snapshots (taken before and after a measured batch), and
 `predict` feeds the measured cache hit rate, acceptance and latencies into
-`sglang_ssd.saguaro.expected_speedup` (paper Theorem 7, DESIGN.md §1) so a benchmark can put the
+`sglang_ssd.saguaro.expected_speedup` (paper Theorem 7, docs/design.md#speedup-model-theorem-7) so a
+benchmark can put the
 model's speedup next to the measured one. `configure` changes SSD's run-time settings
 (`POST /ssd/config`), which is how sweeps move between points without a restart.
 """
@@ -156,7 +157,8 @@ def predict(
     Returns:
         Predicted speedup over AR, or None when a needed quantity was not measured.
 
-    Source: paper Theorem 7 via `sglang_ssd.saguaro.expected_speedup` (DESIGN.md §1).
+    Source: paper Theorem 7 via `sglang_ssd.saguaro.expected_speedup`
+    (docs/design.md#speedup-model-theorem-7).
     """
     needed = ("p_hit", "target_s", "accept_length")
     if any(m.get(k) is None for k in needed) or ar_tok_per_s <= 0:

@@ -1,6 +1,6 @@
 """Numbers derived from a results dict: throughput, accept length, ratios, output identity.
 
-Definitions (DESIGN.md §1):
+Definitions (docs/design.md#accept-length-and-alpha):
 - tok/s of a configuration = completion tokens / wall time of its batches (for b = 1 that is
   tokens over summed request latencies, prefill included).
 - accept length L = completion tokens / `spec_verify_ct` (SGLang's `spec_accept_length`; it counts

@@ -45,7 +45,9 @@ LIVE_DEFAULTS: dict[str, Any] = {
 AR, SSD = "AR-2c", "SSD-1+1c"  # the reference and SSD configurations (`ssd_bench`, equal)
 SAMPLED = Sampling(temperature=0.7, seed=0)
 # Assumed speeds of the real pair on this 2-core CPU, for the printed duration estimate only.
-ASSUMED_TOK_PER_S = {"NONE": 2.0, "STANDALONE": 2.0, "sync": 2.0, "async": 4.0}
+ASSUMED_TOK_PER_S = {
+    "NONE": 2.0, "STANDALONE": 2.0, "sync": 2.0, "async": 4.0, "auto": 4.0, "plain": 2.0,
+}  # fmt: skip
 ASSUMED_STARTUP_S = 75.0
 
 

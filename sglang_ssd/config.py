@@ -35,19 +35,18 @@ from sglang_ssd.saguaro.draft_kinds import backup_names
 DEFAULT_LOOKAHEAD = 4
 
 ENV_VAR = "SGLANG_SSD_CONFIG"
+# Test-only: set to 1 in the server's environment, `--ssd-mode auto` runs the arrangements it
+# offers in turn, a switch every round (the lossless-across-switches tests).
+CYCLE_ENV = "SGLANG_SSD_CYCLE_ARRANGEMENTS"
 
-Mode = Literal["async", "sync"]
-FanoutShape = Literal["geometric", "uniform"]
+Mode = Literal["auto", "async", "sync", "plain"]
+FanoutShape = Literal["geometric", "uniform", "predicted"]
 # The speculator's backup kinds (`saguaro.draft_kinds`), or "auto" (the policy picks per batch).
 BackupChoice = Literal[(*backup_names(), "auto")]  # type: ignore[valid-type]
-PlainRounds = Literal["auto", "never", "always"]
-SyncRounds = Literal["auto", "never", "always"]
 
 MODES: tuple[str, ...] = get_args(Mode)
 FANOUT_SHAPES: tuple[str, ...] = get_args(FanoutShape)
 BACKUPS: tuple[str, ...] = get_args(BackupChoice)
-PLAIN_ROUNDS: tuple[str, ...] = get_args(PlainRounds)
-SYNC_ROUNDS: tuple[str, ...] = get_args(SyncRounds)
 # Static ceilings on what a flag or a live change can make the speculator allocate; the live
 # bound of the fan-out budget (`fanout_budget_limit`) depends on the pool and is usually far lower.
 MAX_FANOUT_BUDGET = 2**16
@@ -56,9 +55,6 @@ MAX_DRAFT_VOCAB = 2**24
 # `--ssd-draft-vocab` default: 13% faster than the whole vocabulary on HumanEval and MT-Bench alike
 # (eval/results/draft-vocab-*.json), greedy draft/target agreement within 0.01 of it.
 DEFAULT_DRAFT_VOCAB = 65536
-# `--ssd-prefill-lend-tokens` default: 3% faster than 0 (never) at batch 1 on held-back prompts,
-# 4-5% on HumanEval's longer prompts (eval/results/prefill-lending-int8-b1-epyc-avx512.json).
-DEFAULT_PREFILL_LEND_TOKENS = 128
 # The speculator's pool when the target's capacity is unknown (a client started outside SGLang).
 DEFAULT_DRAFT_KV_TOKENS = 65536
 _DEVICE_RE = re.compile(r"^(cpu|cuda:\d+)$")
@@ -166,6 +162,14 @@ class Flag:
         return f"{self.option} {rule}, got {value!r}"
 
 
+# The declaration of a boolean flag given without a value.
+SWITCH: dict[str, Any] = {
+    "ok": lambda v: isinstance(v, bool),
+    "rule": "must be a boolean",
+    "switch": True,
+}
+
+
 def flag(help: str, **declaration: Any) -> dict[str, Flag]:
     """The metadata of an `SSDConfig` field declared by ``Flag(help, **declaration)``."""
     return {_METADATA_KEY: Flag(help, **declaration)}
@@ -175,7 +179,7 @@ def flag(help: str, **declaration: Any) -> dict[str, Flag]:
 class SSDConfig:
     """Settings of SSD / Saguaro: one field per `--ssd-*` flag, plus γ from SGLang.
 
-    See each field's `Flag` for its meaning; DESIGN.md for the method.
+    See each field's `Flag` for its meaning; docs/design.md#the-method for the method.
     """
 
     lookahead: int = field(
@@ -189,11 +193,18 @@ class SSDConfig:
         ),
     )
     mode: Mode = field(
-        default="async",
+        default="auto",
         metadata=flag(
-            "async: pre-speculate while the target verifies (SSD); "
-            "sync: draft only when asked (synchronous SD baseline).",
+            "Arrangement of the cores per decode round. auto (default): each round runs the "
+            "arrangement measured fastest at its batch size (a short calibration of each at "
+            "each batch-size bucket, then live round times and accept lengths; another must be "
+            "5% faster and repay its switch to take over; on a GPU, async alone); async: the "
+            "speculator pre-speculates on its own cores while the target verifies (SSD); sync: "
+            "the draft just in time on every core both processes hold, then the verify on all "
+            "of them (synchronous SD); plain: the target alone on every core, no speculation "
+            '(CPU only). Live: POST /ssd/config {"mode": ...} applies from the next round.',
             choices=MODES,
+            live=True,
         ),
     )
     tree_depth: int | None = field(
@@ -221,9 +232,11 @@ class SSDConfig:
         ),
     )
     fanout: FanoutShape = field(
-        default="geometric",
+        default="predicted",
         metadata=flag(
-            "Spread of the budget over accepted lengths k = 0..γ (Theorem 12: geometric).",
+            "Spread of the budget over accepted lengths k = 0..γ: geometric (Theorem 12, one "
+            "shape for all), uniform, or predicted (per request and round, the outcomes the "
+            "draft's own calibrated probabilities rate most likely; the batch shares B).",
             choices=FANOUT_SHAPES,
             live=True,
         ),
@@ -336,48 +349,17 @@ class SSDConfig:
             "target and speculator split its cores when it has 2 or more, and share its one "
             "core otherwise). "
             "Replicas then slow each other down; never use it to measure speed.",
-            ok=lambda v: isinstance(v, bool),
-            rule="must be a boolean",
-            switch=True,
+            **SWITCH,
         ),
     )
-    plain_rounds: PlainRounds = field(
-        default="never",
+    verify_cuda_graph: bool = field(
+        default=False,
         metadata=flag(
-            "Decode rounds without speculation: one target token per request while the "
-            "speculator is stopped and its CPU cores are lent to the target. auto: when the "
-            "measured plain round beats the batch's accept length over the measured "
-            "speculative round at its batch size (speculation re-probed now and then), and "
-            "when no request has more than one token left (on the 2-core CPU: 0.95x AR at "
-            "batch 4 against 0.85x for never, 1.7% behind never at batch 1, 2% behind on "
-            "mixed traffic of 1-4 requests at once); never (default); always.",
-            choices=PLAIN_ROUNDS,
-            live=True,
-        ),
-    )
-    prefill_lend_tokens: int = field(
-        default=DEFAULT_PREFILL_LEND_TOKENS,
-        metadata=flag(
-            "On CPU, a prefill of at least N new tokens also runs on the speculator's cores "
-            "(the speculator is stopped meanwhile and prefills the draft after it); 0: never.",
-            ok=lambda v: isinstance(v, int) and v >= 0,
-            rule="must be an integer ≥ 0 (0: never)",
-            metavar="TOKENS",
-            parse=int,
-            live=True,
-        ),
-    )
-    sync_rounds: SyncRounds = field(
-        default="never",
-        metadata=flag(
-            "Speculative rounds drafted just in time (a chain from the committed text, no "
-            "pre-speculation) while the speculator's CPU cores are lent to the target's "
-            "verify. auto: when the measured sync round yields more tokens per second than the "
-            "pre-speculated one at its batch size (the other kind re-probed now and then); "
-            "never (default): always pre-speculate; always. Pays where a second core speeds "
-            "the verify more than pre-speculation saves (the 2-core AMX Xeon at batch 1).",
-            choices=SYNC_ROUNDS,
-            live=True,
+            "On CUDA, keep SGLang's decode CUDA graphs for SSD's verify (TARGET_VERIFY of γ + 1 "
+            "tokens per request, captured by the flashinfer, triton, fa3/fa4 and trtllm_mha "
+            "backends). Off by default: a replay of SSD's verify has not been checked on a GPU "
+            "(docs/cuda.md); refused on the CPU and with an EAGLE-3 head draft.",
+            **SWITCH,
         ),
     )
 

@@ -1,5 +1,5 @@
 """Where target and speculator run: on GPU each its own device, on CPU each its own cores
-(DESIGN.md §2).
+(docs/design.md#cores-and-devices).
 
 `place` picks the speculator's `Placement` (and, on CPU, pins the calling target process).
 `pin_process` pins every thread of the calling process (Linux `sched_setaffinity` applies per

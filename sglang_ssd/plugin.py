@@ -16,7 +16,8 @@ _loaded = False
 
 def load() -> None:
     """Entry point: enable SGLang's speculative path on AMX-less CPUs, register `SSD` and
-    its API hooks (request checks, admin endpoints, metrics; they act only on SSD servers)."""
+    its API hooks (request checks, admin endpoints, metrics; they act only on SSD servers),
+    and the target's int8 method (`--quantization ssd_int8`)."""
     global _loaded
     if _loaded:
         return
@@ -24,7 +25,9 @@ def load() -> None:
     from sglang_ssd.integration import hooks
     from sglang_ssd.integration.cpu_platform import enable_cpu_speculative_backend
     from sglang_ssd.integration.registration import register_ssd
+    from sglang_ssd.target.int8_method import register as register_int8
 
     enable_cpu_speculative_backend()
     register_ssd()
     hooks.install()
+    register_int8()

@@ -65,15 +65,14 @@ def test_every_flag_is_generated_from_its_declaration():
         *("--ssd-mode", "sync", "--ssd-tree-depth", "2", "--ssd-fanout-budget", "3"),
         *("--ssd-fanout", "uniform", "--ssd-beta", "0.5", "--ssd-backup", "ngram"),
         *("--ssd-batch-threshold", "4", "--ssd-draft-device", "cpu", "--ssd-draft-cpus", "1-2"),
-        *("--ssd-speculator-timeout", "9", "--ssd-plain-rounds", "never"),
-        *("--ssd-prefill-lend-tokens", "0", "--ssd-sync-rounds", "auto"),
+        *("--ssd-speculator-timeout", "9"),
     ]
     got = SSDConfig.from_namespace(parser.parse_args(argv), lookahead=3)
     expected = SSDConfig(3, "sync", 2, 3, "uniform", 0.5, "ngram", 4, "cpu", (1, 2), 9.0)
-    assert got == expected.replace(plain_rounds="never", prefill_lend_tokens=0, sync_rounds="auto")
+    assert got == expected
     assert SSDConfig.from_namespace(parser.parse_args([]), lookahead=4) == SSDConfig()
-    live = {"tree_depth", "beta", "fanout_budget", "fanout", "backup", "plain_rounds"}
-    live.update({"prefill_lend_tokens", "sync_rounds"})
+    assert SSDConfig().mode == "auto"  # each round runs the arrangement measured fastest
+    live = {"mode", "tree_depth", "beta", "fanout_budget", "fanout", "backup"}
     assert set(LIVE_FIELDS) == live
 
 
@@ -86,7 +85,7 @@ def test_the_launchers_help_prints_every_flag_with_its_text() -> None:
         if FLAGS[name].cli:
             assert FLAGS[name].option in output
     text = " ".join(output.split())  # argparse wraps help text at the terminal's width
-    assert "1.7% behind never" in text and "--- SGLang's flags" in text
+    assert "must be 5% faster" in text and "--- SGLang's flags" in text
 
 
 @pytest.mark.parametrize("bad", [{"beta": "x"}, {"fanout_budget": None}, {"draft_cpus": ()}])
@@ -221,9 +220,9 @@ def test_config_imports_only_the_standard_library() -> None:
 
 
 def test_the_startup_line_names_every_setting_by_its_flag() -> None:
-    line = SSDConfig(draft_cpus=(1, 2), tree_depth=2, sync_rounds="auto").flags_line()
+    line = SSDConfig(draft_cpus=(1, 2), tree_depth=2, mode="async").flags_line()
     parts = line.split(", ")
     assert len(parts) == len(FLAGS)
-    assert "--ssd-sync-rounds* auto" in parts and "--ssd-tree-depth* 2" in parts
+    assert "--ssd-mode* async" in parts and "--ssd-tree-depth* 2" in parts
     assert "--ssd-draft-cpus 1,2" in parts and "--ssd-draft-kv-tokens auto" in parts
-    assert "--speculative-num-steps 4" in parts and "--ssd-mode async" in parts
+    assert "--speculative-num-steps 4" in parts

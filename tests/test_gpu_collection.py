@@ -1,7 +1,8 @@
 """`make gpu-check` collects tests/gpu where sglang, msgspec and pyzmq cannot be imported.
 
 The GPU machine has torch, transformers, triton and pytest but none of those packages, and
-nothing installed (DESIGN.md section 3); a GPU check that imports them, or a conftest above
+nothing installed (docs/design.md#the-gpu-machine); a GPU check that imports them, or a conftest
+above
 tests/gpu that does, would only fail there. This runs the real Makefile target, collection only,
 with a `sitecustomize` that makes the three packages, and tests/conftest.py, unimportable; and
 the device script's timing module (`eval.gpu_model`, scripts/gpu_check.sh) must import there too.

@@ -1,4 +1,4 @@
-"""The package's import graph: no cycles, and the layer contracts of STYLE.md.
+"""The package's import graph: no cycles, and the layer contracts of docs/design.md#code-layers.
 
 Every import statement counts, including those inside functions (a lazy import that closes a
 cycle still ties the modules together) and under `if TYPE_CHECKING:` (an annotation that names

@@ -42,14 +42,21 @@ SHARED_FLAGS = (
     *("--constrained-json-max-whitespace-cnt", "2"),
 )
 AR_FLAGS = ("--speculative-algorithm", "NONE", "--disable-overlap-schedule")
-SSD_FLAGS = ("--speculative-algorithm", "SSD", "--enable-metrics", "--decode-log-interval", "1")
+# The shared SSD server runs async (SSD itself); `--ssd-mode` switches live in the tests that
+# need another arrangement (`test_ssd_tiny_server.py`).
+SSD_FLAGS = (
+    *("--speculative-algorithm", "SSD", "--ssd-mode", "async"),
+    *("--enable-metrics", "--decode-log-interval", "1"),
+)
 
 
 def ssd_args(target: Path, draft: Path, ssd_flags: Sequence[str] = ()) -> list[str]:
     """Launcher flags of a tiny SSD server of `target` drafting with `draft`, plus `ssd_flags`
-    (`TINY_FLAGS`, none of the shared servers' extras)."""
+    (`TINY_FLAGS`, none of the shared servers' extras); `--ssd-mode async` unless `ssd_flags`
+    name a mode (the tests of one arrangement's behaviour run that one)."""
     spec = ["--speculative-algorithm", "SSD", "--speculative-draft-model-path", str(draft)]
-    return ["--model-path", str(target), *TINY_FLAGS, *spec, *ssd_flags]
+    mode = [] if any(f.startswith("--ssd-mode") for f in ssd_flags) else ["--ssd-mode", "async"]
+    return ["--model-path", str(target), *TINY_FLAGS, *spec, *mode, *ssd_flags]
 
 
 def shared_servers(target: Path, draft: Path, logs: Path) -> dict[str, Server]:

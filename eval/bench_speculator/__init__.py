@@ -1,6 +1,7 @@
 """Time the speculator's round against the target's verify, each on its own core.
 
-T_p (DESIGN.md §1, Theorem 7) is the speculator's time to build the next round's cache in units
+T_p (docs/design.md#speedup-model-theorem-7, Theorem 7) is the speculator's time to build the next
+round's cache in units
 of one target verify. Two worker subprocesses run at the same time, as SSD deploys them on two
 CPUs: each pins itself to one core (`os.sched_setaffinity`, `torch.set_num_threads(1)`) before it
 loads its model.

@@ -228,15 +228,15 @@ def _profiled_shares(engine: SpeculatorEngine, rid: str) -> dict[str, float]:
     for event in prof.events():
         if event.name == "tree_forward":
             total += event.cpu_time_total
-            inside += sum(_op_self_times(event))
+            inside += sum(op_self_times(event))
     return {"ops_share": inside / total, "python_share": 1.0 - inside / total}
 
 
-def _op_self_times(event: Any) -> Iterator[float]:
+def op_self_times(event: Any) -> Iterator[float]:
     """Self CPU time of every op below `event` (its descendants)."""
     for child in event.cpu_children:
         yield child.self_cpu_time_total
-        yield from _op_self_times(child)
+        yield from op_self_times(child)
 
 
 def _weight(module: torch.nn.Module) -> torch.Tensor:

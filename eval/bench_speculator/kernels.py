@@ -9,6 +9,8 @@ weight, with the real draft's shapes (read from its `config.json`) and random we
   AVX512-BF16 where the CPU has them);
 - `fbgemm-int8`: torch's dynamically quantised linear (int8 weights per output row, activations
   quantised per call; the torch-int8 runtime);
+- `int8-per-row`: the target's `--quantization ssd_int8` kernel (`sglang_ssd.target.int8_kernel`:
+  FBGEMM's int8 GEMM, int8 weights per row, activations quantised per row);
 - `int8-weight-only`: `aten._weight_int8pack_mm` (int8 weights per row, bf16 activations);
 - `int4-packed`: `aten._weight_int4pack_mm_for_cpu` (4-bit weights in groups of 128 with a
   bf16 scale and zero each, bf16 activations);
@@ -21,8 +23,10 @@ The floor: the weight bytes each kernel streams over the core's read bandwidth (
 `sum` over 256 MB, best of 5). Medians of `--repeats` chains, in milliseconds.
 
 Usage: python -m eval.bench_speculator.kernels [--draft PATH] [--draft-vocab 65536]
-    [--rows 1 8] [--cpu 1] [--repeats 7] [--kernels NAME ...] [--out eval/results/kernels.json]
-(`--draft` alone is the draft; without it, the pulled 0.5B.)
+    [--rows 1 8] [--cpu 1] [--repeats 7] [--layers N] [--kernels NAME ...]
+    [--out eval/results/kernels.json]
+(`--draft` alone is the draft; without it, the pulled 0.5B. Any Qwen2-style folder works: the
+target's shapes are `--draft <1.5B folder> --draft-vocab 0 --layers 4`.)
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ import torch
 import torch.nn.functional as F
 
 from eval import cli_options
+from sglang_ssd.target.int8_kernel import quantize_rows
 
 Chain = Callable[[dict[int, torch.Tensor]], None]
 GROUP = 128  # int4 group size
@@ -81,13 +86,8 @@ def _fbgemm_int8(ws: list[torch.Tensor]) -> tuple[Chain, int]:
     return run, sum(w.numel() for w in ws)
 
 
-def _per_row_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    scale = w.abs().amax(1).clamp(min=1e-8) / 127
-    return (w / scale[:, None]).round().clamp(-128, 127).to(torch.int8), scale
-
-
 def _int8_weight_only(ws: list[torch.Tensor]) -> tuple[Chain, int]:
-    packed = [(q, s.bfloat16()) for q, s in map(_per_row_int8, ws)]
+    packed = [(q, s.bfloat16()) for q, s in map(quantize_rows, ws)]
 
     def run(xs: dict[int, torch.Tensor]) -> None:
         for q, s in packed:
@@ -121,7 +121,7 @@ def _int4_packed(ws: list[torch.Tensor]) -> tuple[Chain, int]:
 def _onednn_int8(ws: list[torch.Tensor]) -> tuple[Chain, int]:
     packed = []
     for w in ws:
-        q, s = _per_row_int8(w)
+        q, s = quantize_rows(w)
         prepacked = torch.ops.onednn.qlinear_prepack(q, [8, w.shape[1]])
         packed.append((prepacked, s, torch.zeros(w.shape[0], dtype=torch.int64), w.shape[1]))
 
@@ -138,9 +138,22 @@ def _onednn_int8(ws: list[torch.Tensor]) -> tuple[Chain, int]:
     return run, sum(w.numel() for w in ws)  # one byte a weight
 
 
+def _int8_per_row(ws: list[torch.Tensor]) -> tuple[Chain, int]:
+    from sglang_ssd.target.int8_kernel import int8_linear, pack_rows
+
+    packed = [(pack_rows(*quantize_rows(w)), w.shape[1]) for w in ws]
+
+    def run(xs: dict[int, torch.Tensor]) -> None:
+        for weight, k in packed:
+            int8_linear(xs[k].bfloat16(), weight)
+
+    return run, sum(w.numel() for w in ws)  # one byte a weight
+
+
 KERNELS: dict[str, Callable[[list[torch.Tensor]], tuple[Chain, int]]] = {
     "bf16": _bf16,
     "fbgemm-int8": _fbgemm_int8,
+    "int8-per-row": _int8_per_row,
     "int8-weight-only": _int8_weight_only,
     "int4-packed": _int4_packed,
     "onednn-int8": _onednn_int8,
@@ -207,6 +220,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cpu", type=int, default=1, help="the core to pin to")
     parser.add_argument("--repeats", type=int, default=7, help="timed chains per point")
     parser.add_argument(
+        "--layers", type=int, default=0,
+        help="time the first N decoder layers only, then the LM head (0: all; bounds the "
+        "float32 weights this builds, e.g. for the 1.5B target)",
+    )  # fmt: skip
+    parser.add_argument(
         "--kernels", nargs="+", default=list(KERNELS), choices=list(KERNELS),
         help="the kernels to time (default: all)",
     )  # fmt: skip
@@ -226,6 +244,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     pin_process([a.cpu])
     torch.set_num_threads(1)
     shapes = projection_shapes(config, a.draft_vocab)
+    if a.layers:  # the first N layers' projections, then the LM head
+        shapes = shapes[: 7 * a.layers] + shapes[-1:]
     report = {
         **run_header("eval.bench_speculator.kernels", list(argv or sys.argv[1:])),
         "draft": str(draft_dir),

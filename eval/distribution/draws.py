@@ -21,6 +21,7 @@ import requests
 
 from eval.distribution.tiny_pair import PROMPTS, TEMPERATURE
 from eval.servers import Server, started_together
+from sglang_ssd.config import CYCLE_ENV
 
 LOOKAHEAD = 2
 # Token 1 comes from the prefill sampler, tokens 2-4 from one or two SSD rounds (γ = 2).
@@ -28,11 +29,12 @@ NEW_TOKENS = LOOKAHEAD + 2
 REQUESTS_PER_POST = 512
 STARTUP_TIMEOUT_S = 900.0
 # SSD settings sampled on one server, changed live through `POST /ssd/config` (or, without the
-# admin endpoint, one server each). "auto" picks the n-gram backup at these batch sizes.
+# admin endpoint, one server each). "auto" picks the n-gram backup at these batch sizes. β < 1
+# runs with the predicted fan-out, whose per-request allocation sets which tokens σ down-weights.
 SSD_CONFIGS: dict[str, dict[str, Any]] = {
     "ssd": {"beta": 1.0, "backup": "auto"},
     "ssd_jit": {"beta": 1.0, "backup": "jit"},
-    "ssd_beta_0.5": {"beta": 0.5, "backup": "jit"},
+    "ssd_beta_0.5": {"beta": 0.5, "backup": "jit", "fanout": "predicted"},
 }
 CONFIGS = ["ar", *SSD_CONFIGS]
 
@@ -80,7 +82,9 @@ class Draws:
         return out
 
 
-def _server(name: str, target_dir: Path, logs: Path, *extra: str) -> Server:
+def _server(
+    name: str, target_dir: Path, logs: Path, *extra: str, env: dict[str, str] | None = None
+) -> Server:
     args = [
         "--model-path", str(target_dir),
         "--dtype", "float32",
@@ -88,7 +92,8 @@ def _server(name: str, target_dir: Path, logs: Path, *extra: str) -> Server:
         "--random-seed", "0",
         *extra,
     ]  # fmt: skip
-    return Server(name, args, log_path=logs / f"{name}.log", startup_timeout=STARTUP_TIMEOUT_S)
+    log = logs / f"{name}.log"
+    return Server(name, args, log_path=log, startup_timeout=STARTUP_TIMEOUT_S, env=env or {})
 
 
 def ar_server(target_dir: Path, logs: Path) -> Server:
@@ -97,7 +102,9 @@ def ar_server(target_dir: Path, logs: Path) -> Server:
 
 
 def ssd_server(name: str, target_dir: Path, draft_dir: Path, logs: Path, *extra: str) -> Server:
-    """An SSD server of the pair with γ = `LOOKAHEAD` (not started); `extra`: more flags."""
+    """An SSD server of the pair with γ = `LOOKAHEAD` (not started); `extra`: more flags. Its
+    `--ssd-mode auto` switches arrangement every round (async, sync and plain in turn:
+    `config.CYCLE_ENV`), so the draws cover every arrangement and the switches."""
     return _server(
         name,
         target_dir,
@@ -105,7 +112,9 @@ def ssd_server(name: str, target_dir: Path, draft_dir: Path, logs: Path, *extra:
         "--speculative-algorithm", "SSD",
         "--speculative-draft-model-path", str(draft_dir),
         "--speculative-num-steps", str(LOOKAHEAD),
+        "--ssd-mode", "auto",
         *extra,
+        env={CYCLE_ENV: "1"},
     )  # fmt: skip
 
 
@@ -174,6 +183,7 @@ def draw_ssd(
     for name, settings in wanted.items():
         if name not in out:
             flags = ["--ssd-beta", str(settings["beta"]), "--ssd-backup", settings["backup"]]
+            flags += ["--ssd-fanout", settings.get("fanout", "geometric")]
             with ssd_server(name, target_dir, draft_dir, logs, *flags) as server:
                 out[name] = draw(server, samples_per_prompt)
             done(name, out[name])

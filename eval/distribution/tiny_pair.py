@@ -109,7 +109,7 @@ def next_token_logits(model: torch.nn.Module, contexts: list[list[int]]) -> torc
 # Broken verifiers for the negative control and the power table: name -> (rule, share of tokens
 # the rule decides; the rest are verified exactly). Rules: ``bonus_from_p`` draws the bonus
 # from p instead of norm(max(p − q, 0)); ``q_at_t1`` verifies with the draft's q at T = 1 while
-# the draft sampled at T (DESIGN.md §1 rule (a) broken).
+# the draft sampled at T (docs/design.md#sampled-drafts rule (a) broken).
 BROKEN: dict[str, tuple[str, float]] = {
     "bonus_from_p": ("bonus_from_p", 1.0),
     "q_at_t1": ("q_at_t1", 1.0),

@@ -1,4 +1,5 @@
-"""ε of the greedy rule (DESIGN.md §1), measured: where do SGLang's decode and TARGET_VERIFY
+"""ε of the greedy rule (docs/design.md#the-greedy-rule), measured: where do SGLang's decode and
+TARGET_VERIFY
 disagree on the argmax, and how small is the target's fp32 top-2 margin there?
 
 Method (`python -m eval.margin`): an AR server (`--speculative-algorithm NONE`: every output

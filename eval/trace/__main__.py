@@ -19,11 +19,9 @@ from eval.configs import model_dirs
 from eval.provenance import model_info, run_header
 from eval.sampling import Sampling
 from eval.trace.from_run import RunTraceError, check_run_file, run_answers, trace_from_run
-from eval.trace.record import record
+from eval.trace.record import add_recording_options, load_recording, record
 from eval.trace.replay import ReplayConfig, format_replay_table, replay, replay_parallel
-from eval.trace.target import HFTarget
 from sglang_ssd.config import DEFAULT_LOOKAHEAD, FANOUT_SHAPES, SSDConfig
-from sglang_ssd.speculator.draft_model import DraftModel
 from sglang_ssd.speculator.engine import SpeculatorEngine
 from sglang_ssd.speculator.runtimes import resolve
 
@@ -36,12 +34,7 @@ LEGACY = {"draft_runtime": "torch", "draft_vocab": 0}
 
 def cmd_record(a: argparse.Namespace, argv: Sequence[str]) -> int:
     """Record one trace per temperature in `a.temperatures` into `a.out_dir`."""
-    target_dir, draft_dir = model_dirs(a.target, a.draft)
-    torch.set_num_threads(a.threads or torch.get_num_threads())
-    tokenizer = datasets.load_tokenizer(target_dir)
-    prompts = datasets.load_prompts(datasets.HUMANEVAL, tokenizer, a.prompts)
-    target = HFTarget(target_dir)
-    model = DraftModel.load(draft_dir, num_slots=a.kv_slots)
+    target_dir, draft_dir, prompts, target, model = load_recording(a)
     config = SSDConfig(lookahead=a.lookahead, beta=1.0, fanout="geometric", mode="async")
     for temperature in a.temperatures:
         sampling = Sampling.of(temperature)
@@ -200,11 +193,7 @@ def parser() -> argparse.ArgumentParser:
     )
     sub = out.add_subparsers(dest="command", required=True)
     p = sub.add_parser("record", help="record SSD rounds on the real pair")
-    p.add_argument("--prompts", type=int, default=5, help="first N HumanEval prompts")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7])
-    p.add_argument("--lookahead", "--gamma", type=int, default=LOOKAHEAD)
-    p.add_argument("--out-dir", type=Path, default=RESULTS)
+    add_recording_options(p, 5, RESULTS)
     p.set_defaults(func=cmd_record)
     p = sub.add_parser("replay", help="replay traces with a scripted target")
     p.add_argument(

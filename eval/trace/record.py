@@ -9,7 +9,7 @@ import dataclasses
 import json
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +19,10 @@ from eval.sampling import Sampling
 from eval.trace.target import HFTarget
 from sglang_ssd.saguaro import verify
 from sglang_ssd.speculator.engine import OutcomeIn, SpeculatorEngine
+from sglang_ssd.speculator.state import RequestState
+
+# What a round keeps of the request's state once its next cache is built (`eval.outcomes`).
+Capture = Callable[[RequestState], dict[str, Any] | None]
 
 
 @dataclass
@@ -37,6 +41,7 @@ class Round:
     build_s: float
     verify_s: float
     apply_s: float
+    evidence: dict[str, Any] | None = None
 
 
 def record_prompt(
@@ -48,8 +53,10 @@ def record_prompt(
     max_new_tokens: int,
     eos_ids: Sequence[int] = (),
     seed: int = 0,
+    capture: Capture | None = None,
 ) -> tuple[list[int], list[Round]]:
-    """Decode one prompt with the target verifying the engine's drafts.
+    """Decode one prompt with the target verifying the engine's drafts (`capture`, if given,
+    reads the request's state once the round's cache is built into the round's `evidence`).
 
     Returns:
         (the new tokens, the rounds). `hit` says whether the round's outcome (k, t*) was in the
@@ -68,6 +75,7 @@ def record_prompt(
         t1 = time.perf_counter()
         engine.build([rid])
         t2 = time.perf_counter()
+        evidence = capture(engine.requests[rid]) if capture is not None else None
         tokens = torch.tensor([draft.tokens], dtype=torch.int64)
         logits = target.logits(torch.tensor([[committed[-1], *draft.tokens]], dtype=torch.int64))
         q = None if draft.q is None else draft.q.unsqueeze(0)
@@ -93,6 +101,7 @@ def record_prompt(
                 t2 - t1,
                 t3 - t2,
                 t4 - t3,
+                evidence,
             )
         )
         committed += emitted
@@ -100,6 +109,37 @@ def record_prompt(
             break
     engine.close(rid)
     return committed[len(prompt_ids) :], rounds
+
+
+def add_recording_options(p: Any, prompts: int, out_dir: Any) -> None:
+    """A record command's decoding options (`p`: an argparse parser): --prompts (default
+    `prompts`), --max-new-tokens, --temperatures, --lookahead, --out-dir (default `out_dir`)."""
+    from pathlib import Path
+
+    from sglang_ssd.config import DEFAULT_LOOKAHEAD
+
+    p.add_argument("--prompts", type=int, default=prompts, help="first N HumanEval prompts")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7])
+    p.add_argument("--lookahead", "--gamma", type=int, default=DEFAULT_LOOKAHEAD)
+    p.add_argument("--out-dir", type=Path, default=out_dir)
+
+
+def load_recording(a: Any) -> tuple[Any, Any, list[Any], HFTarget, Any]:
+    """What a record command decodes with, from its options (`a`: target, draft, threads,
+    prompts, kv_slots): (target folder, draft folder, the first `a.prompts` HumanEval
+    prompts, the transformers target, the draft model)."""
+    from eval import datasets
+    from eval.configs import model_dirs
+    from sglang_ssd.speculator.draft_model import DraftModel
+
+    target_dir, draft_dir = model_dirs(a.target, a.draft)
+    torch.set_num_threads(a.threads or torch.get_num_threads())
+    tokenizer = datasets.load_tokenizer(target_dir)
+    prompts = datasets.load_prompts(datasets.HUMANEVAL, tokenizer, a.prompts)
+    target = HFTarget(target_dir)
+    model = DraftModel.load(draft_dir, num_slots=a.kv_slots)
+    return target_dir, draft_dir, prompts, target, model
 
 
 def summarize(rounds: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -124,6 +164,7 @@ def record(
     max_new_tokens: int,
     eos_ids: Sequence[int] = (),
     seed: int = 0,
+    capture: Capture | None = None,
 ) -> dict[str, Any]:
     """Record every prompt; returns the trace body (prompts with outputs, rounds, summary)."""
     if target.vocab_size != engine.vocab_size:
@@ -131,7 +172,7 @@ def record(
     entries, rounds = [], []
     for i, ids in enumerate(prompts):
         output, prompt_rounds = record_prompt(
-            target, engine, i, ids, sampling, max_new_tokens, eos_ids, seed
+            target, engine, i, ids, sampling, max_new_tokens, eos_ids, seed, capture
         )
         entries.append({"index": i, "input_ids": list(ids), "output_tokens": output})
         rounds += [dataclasses.asdict(r) for r in prompt_rounds]

@@ -1,6 +1,7 @@
 """Branch attention: batched attention over a slot-paged KV cache with a per-request custom mask.
 
-This is the attention the SSD speculator needs for tree decode (DESIGN.md section 1, step 2): one
+This is the attention the SSD speculator needs for tree decode (docs/design.md#one-round, step 2):
+one
 forward decodes many branches of many requests, and each branch token sees only the committed
 prefix, the glue tokens up to its fork depth and its own earlier branch tokens.
 

@@ -1,6 +1,7 @@
 """Branch attention through FlashInfer's paged prefill: planned once per forward, run per layer.
 
-The SSD speculator's tree decode on CUDA (DESIGN.md section 1, step 2: "reusing FlashInfer paged
+The SSD speculator's tree decode on CUDA (docs/design.md#one-round, step 2: "reusing FlashInfer
+paged
 attention for cached-branch decoding"). The layout is the one `branch_attention` documents
 (FlashInfer's `BatchPrefillWithPagedKVCacheWrapper` with page_size = 1, NHD, `custom_mask`), so
 the plan passes it to FlashInfer unchanged but for two things FlashInfer does not take:
@@ -8,13 +9,23 @@ the plan passes it to FlashInfer unchanged but for two things FlashInfer does no
 - a segment with queries but no slot cannot be expressed (FlashInfer needs kv_len >= 1), so
   `flashinfer_supports_layout` says no and `plan_branch_attention` plans SDPA instead.
 
-`plan` is host work (FlashInfer copies the index pointers to pinned memory and splits the work)
-and happens at the first `run`, since the softmax scale is a plan argument of FlashInfer's and
-the caller passes it per layer; every later layer with the same scale reuses it, as SGLang's
+`plan` is host work (FlashInfer reads the index pointers on the host and splits the work) and
+happens at the first `run`, since the softmax scale is a plan argument of FlashInfer's and the
+caller passes it per layer; every later layer with the same scale reuses it, as SGLang's
 FlashInfer backend does (`layers/attention/flashinfer_backend.py`: `init_forward_metadata` plans,
 each layer's `forward_extend` runs). FlashInfer's own limits (fp16/bf16, head dim in
 `FLASHINFER_HEAD_DIMS`) are checked at that first run; outside them the plan runs the padded
 SDPA plan of the same layout instead (one SDPA call over all segments, no per-request loop).
+
+One wrapper per device, made once with its 128 MiB workspace (`wrapper_for`); each forward's
+plan re-plans it, since kv_indptr changes every forward. The index pointers are built on the
+host (`host_indptr`): FlashInfer's `plan` reads `qo_indptr`, `paged_kv_indptr` and
+`paged_kv_last_page_len` with `.to("cpu")` (`flashinfer/prefill.py`,
+`BatchPrefillWithPagedKVCacheWrapper.plan`: "only required if qo_indptr/paged_kv_indptr are
+device tensors") and copies them to its device buffers with `non_blocking=True`, so host index
+pointers cost no device sync. Before FlashInfer 0.7 its custom-mask packing needed `qo_indptr`
+on the mask's device (`segment_packbits` with the mask indptr on qo_indptr's device), so there
+a masked plan passes it on the device (`qo_indptr_device`).
 
 Imports with torch alone; flashinfer is imported when a wrapper is made.
 """
@@ -23,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -36,13 +48,53 @@ __all__ = [
     "FlashInferBranchPlan",
     "flashinfer_available",
     "flashinfer_supports_layout",
+    "host_indptr",
     "plan_flashinfer_branch",
+    "wrapper_for",
 ]
 
 # Head dims FlashInfer 0.7's prefill kernels are built for; other head dims run the SDPA plan.
 FLASHINFER_HEAD_DIMS = (64, 128, 256)
 _WORKSPACE_BYTES = 128 * 1024 * 1024
-_WORKSPACES: dict[torch.device, torch.Tensor] = {}
+
+
+@dataclass
+class DeviceWrapper:
+    """A device's FlashInfer wrapper and the plan it holds now.
+
+    Attributes:
+        wrapper: the `BatchPrefillWithPagedKVCacheWrapper` (`make_wrapper`).
+        planned_by: the `FlashInferBranchPlan` whose layout it was last planned for, or None.
+        key: that plan's (sm_scale, dtypes, heads, dims) it was planned at, or None.
+    """
+
+    wrapper: Any
+    planned_by: Any = None
+    key: tuple | None = None
+
+
+_WRAPPERS: dict[torch.device, DeviceWrapper] = {}
+
+
+def wrapper_for(device: torch.device) -> DeviceWrapper:
+    """`device`'s wrapper, made at its first use (`make_wrapper`) and kept for the process.
+
+    Raises:
+        RuntimeError: from `make_wrapper` (no flashinfer, or not a CUDA device).
+    """
+    entry = _WRAPPERS.get(device)
+    if entry is None:
+        entry = _WRAPPERS[device] = DeviceWrapper(make_wrapper(device))
+    return entry
+
+
+@functools.cache
+def qo_indptr_device() -> bool:
+    """Whether a masked plan must pass qo_indptr on the mask's device (FlashInfer < 0.7)."""
+    import flashinfer
+
+    found = re.match(r"(\d+)\.(\d+)", getattr(flashinfer, "__version__", "0.0"))
+    return found is None or (int(found[1]), int(found[2])) < (0, 7)
 
 
 @functools.cache
@@ -61,7 +113,8 @@ def flashinfer_supports_layout(qo_lens: list[int], kv_lens: list[int]) -> bool:
 
 
 def make_wrapper(device: torch.device) -> Any:
-    """A `flashinfer.BatchPrefillWithPagedKVCacheWrapper` (NHD) on `device`'s shared workspace.
+    """A new `flashinfer.BatchPrefillWithPagedKVCacheWrapper` (NHD) with its own workspace on
+    `device` (`wrapper_for` keeps one per device).
 
     Raises:
         RuntimeError: if flashinfer cannot be imported or `device` is not a CUDA device.
@@ -72,10 +125,7 @@ def make_wrapper(device: torch.device) -> Any:
         raise RuntimeError("FlashInfer branch attention needs the flashinfer package") from error
     if device.type != "cuda":
         raise RuntimeError(f"FlashInfer branch attention needs a CUDA device, got {device}")
-    workspace = _WORKSPACES.get(device)
-    if workspace is None:
-        workspace = torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
-        _WORKSPACES[device] = workspace
+    workspace = torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
     return flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
 
 
@@ -86,14 +136,16 @@ class FlashInferBranchPlan:
     Build with `plan_flashinfer_branch`. Attributes:
         num_queries: N, the query rows of the forward (all segments, empty ones included).
         max_slot: the largest cache slot referenced (-1 if none).
-        qo_indptr, kv_indptr: int32 [R' + 1] over the R' segments that have query rows.
+        qo_indptr, kv_indptr: int32 [R' + 1] on the CPU, over the R' segments that have query
+            rows (`host_indptr`).
         kv_indices: int32 [total_kv'] their slots.
         custom_mask: bool [sum qo * kv] or None, blocks of those segments.
         empty_rows: int64 [E] query rows that see no slot (zeroed after the kernel), or None.
         sdpa: builds the padded SDPA plan of the same layout (used outside FlashInfer's limits).
         plans: FlashInfer `plan` calls so far (one per forward expected).
 
-    The wrapper comes from this module's `make_wrapper`, looked up at the first run.
+    The wrapper is the device's (`wrapper_for`), looked up at each run: re-planned when another
+    plan (another forward, or another model) planned it since, or at another scale or shape.
     """
 
     num_queries: int
@@ -104,8 +156,6 @@ class FlashInferBranchPlan:
     custom_mask: torch.Tensor | None
     empty_rows: torch.Tensor | None
     sdpa: Callable[[], Any]
-    _wrapper: Any = None
-    _planned: tuple | None = None  # (sm_scale, q dtype, kv dtype, H, Hkv, d, dv) last planned
     _fallback: Any = None
     plans: int = 0
 
@@ -131,27 +181,35 @@ class FlashInferBranchPlan:
             return self._fallback.run(q, k_cache, v_cache, sm_scale)
         key = (sm_scale, q.dtype, k_cache.dtype, q.shape[1], k_cache.shape[1], q.shape[2],
                v_cache.shape[2])  # fmt: skip
-        if self._planned != key:
-            self._plan(q, k_cache, v_cache, sm_scale)
-            self._planned = key
-        out = self._wrapper.run(q.contiguous(), (k_cache.unsqueeze(1), v_cache.unsqueeze(1)))
+        entry = wrapper_for(q.device)
+        if entry.planned_by is not self or entry.key != key:
+            self._plan(entry.wrapper, q, k_cache, v_cache, sm_scale)
+            entry.planned_by, entry.key = self, key
+        out = entry.wrapper.run(q.contiguous(), (k_cache.unsqueeze(1), v_cache.unsqueeze(1)))
         if self.empty_rows is not None:
             out.index_fill_(0, self.empty_rows, 0.0)
         return out
 
     def _plan(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sm_scale: float
+        self,
+        wrapper: Any,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        sm_scale: float,
     ) -> None:
-        """FlashInfer's `plan` for this layout at q's heads, dims and dtypes (host work)."""
-        if self._wrapper is None:
-            self._wrapper = make_wrapper(q.device)
+        """FlashInfer's `plan` of `wrapper` for this layout at q's heads, dims and dtypes (host
+        work; the index pointers and last-page lengths go from the host)."""
         head_dim, dv = q.shape[2], v_cache.shape[2]
         extra = {} if dv == head_dim else {"head_dim_vo": dv}
-        self._wrapper.plan(
-            self.qo_indptr,
+        qo_indptr = self.qo_indptr
+        if self.custom_mask is not None and qo_indptr_device():
+            qo_indptr = qo_indptr.to(self.custom_mask.device)
+        wrapper.plan(
+            qo_indptr,
             self.kv_indptr,
             self.kv_indices,
-            torch.ones(self.qo_indptr.numel() - 1, dtype=torch.int32, device=q.device),
+            torch.ones(self.qo_indptr.numel() - 1, dtype=torch.int32),  # page_size 1: 1 each
             q.shape[1],
             k_cache.shape[1],
             head_dim,
@@ -209,8 +267,8 @@ def plan_flashinfer_branch(
     return FlashInferBranchPlan(
         num_queries=qo_ptr[-1],
         max_slot=max_slot,
-        qo_indptr=_indptr(qo_lens, device),
-        kv_indptr=_indptr(kv_lens, device),
+        qo_indptr=host_indptr(qo_lens),
+        kv_indptr=host_indptr(kv_lens),
         kv_indices=kv_indices.to(torch.int32),
         custom_mask=mask,
         empty_rows=empty_rows,
@@ -218,6 +276,7 @@ def plan_flashinfer_branch(
     )
 
 
-def _indptr(lens: list[int], device: torch.device) -> torch.Tensor:
-    """int32 [len(lens) + 1]: 0 then the running sum of `lens`."""
-    return torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device=device)
+def host_indptr(lens: list[int]) -> torch.Tensor:
+    """int32 [len(lens) + 1] on the CPU: 0 then the running sum of `lens` (segment lengths,
+    read from the host lists the plan already has: no device read)."""
+    return torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32)

@@ -89,7 +89,8 @@ def scheduler_load(scheduler: Any) -> dict[str, float]:
 
 
 def stats(worker: SSDWorker, scheduler: Any = None) -> dict[str, Any]:
-    """The `--ssd-mode` served (`ssd_mode`), per-round averages on both sides (and by phase:
+    """The `--ssd-mode` served (`ssd_mode`), the arrangement held per batch-size bucket and
+    the rates behind it (`arrangements`), per-round averages on both sides (and by phase:
     `target_phases`, `speculator_phases`, `t_p`), cache hit rate, backup rounds, faults and
     restarts, the miss policy's b* (`fallback`), the speculator's, the client's and the
     planner's counters (`speculator`), the DP replica that answers (`dp_rank`) and, given the
@@ -115,6 +116,7 @@ def stats(worker: SSDWorker, scheduler: Any = None) -> dict[str, Any]:
     out["plain_rounds"] = {
         k: plain[k] for k in ("rounds", "request_rounds", "avg_forward_s", "target_phases")
     }
+    out["arrangements"] = arrangements(worker.planner)
     out.update(round_balance(out["target_phases"], worker.speculator_client))
     if scheduler is not None:
         out.update(scheduler_load(scheduler))
@@ -136,6 +138,19 @@ def flat(counters: Any) -> dict[str, Any]:
         elif value is not None:
             out[name] = value
     return out
+
+
+def arrangements(planner: Any) -> dict[str, Any]:
+    """The arrangements `--ssd-mode` offers (`offered`, in calibration order), the switches
+    since start and, per measured batch-size bucket (its upper size as a string), the
+    arrangement held ("" while it calibrates) and each arrangement's round seconds, tokens per
+    request per round and rate (tokens per request per second) behind that choice."""
+    policy = planner.arrangements
+    return {
+        "offered": [str(a) for a in policy.offered],
+        "switches": policy.switches,
+        "buckets": policy.buckets(),
+    }
 
 
 def round_balance(target_phases: dict[str, float], client: SpeculatorClient) -> dict[str, Any]:

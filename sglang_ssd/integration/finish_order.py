@@ -5,7 +5,8 @@ A verify round appends up to γ + 1 tokens to a request at once; SGLang's
 stop strings and stop regexes first (anywhere in the run), then stop tokens / EOS, then the length
 limit. Plain decoding checks after every token, so an EOS (or `stop_token_ids` entry) that comes
 before a stop-string match in the same run ends the output at the EOS; SGLang's order would
-report the stop string and emit the tokens after the EOS (DESIGN.md §1: SSD's output must equal
+report the stop string and emit the tokens after the EOS (docs/design.md#the-greedy-rule: SSD's
+output must equal
 plain decoding's).
 
 `update_finish_state` (hook, AROUND `Req.update_finish_state`, SSD servers only): when the run

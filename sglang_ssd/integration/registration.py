@@ -116,11 +116,20 @@ def disable_verify_cuda_graphs(server_args: ServerArgs) -> None:
     This runs in `handle_speculative_decoding`, after SGLang parsed `cuda_graph_config`, so
     it rewrites that resolved config's decode phase (writes through SGLang's plugin recorder
     are declared); the prefill phase keeps its graphs (SSD's prefill is a plain extend). On
-    the CPU no graphs are captured and nothing changes.
+    the CPU no graphs are captured and nothing changes; with `--ssd-verify-cuda-graph`
+    (`verify_graphs`, checked by `refuse_verify_cuda_graph`) the graphs are kept.
     """
+    from sglang_ssd.config import SSDConfig
     from sglang_ssd.integration.server_flags import on_cpu
 
     if on_cpu(server_args):
+        return
+    if (SSDConfig.from_env() or SSDConfig()).verify_cuda_graph:
+        logger.info(
+            "SSD: decode CUDA graphs kept for the verify (--ssd-verify-cuda-graph): TARGET_VERIFY "
+            "of %s tokens per request",
+            getattr(server_args, "speculative_num_draft_tokens", None),
+        )
         return
     from sglang.srt.model_executor.cuda_graph_config import (
         Backend,
@@ -141,19 +150,45 @@ def disable_verify_cuda_graphs(server_args: ServerArgs) -> None:
 
 
 def refuse_plain_rounds_off_cpu(server_args: ServerArgs) -> None:
-    """Refuse at startup `--ssd-plain-rounds` other than never on a non-CPU target
-    (`worker.round_mode.plain_rounds_refusal` says why).
+    """Refuse at startup `--ssd-mode plain` on a non-CPU target (`worker.round_mode.mode_refusal`
+    says why).
 
     Raises:
         ValueError: naming the flag, the device and the reason.
     """
     from sglang_ssd.config import SSDConfig
     from sglang_ssd.integration.server_flags import on_cpu
-    from sglang_ssd.worker.round_mode import plain_rounds_refusal
+    from sglang_ssd.worker.round_mode import mode_refusal
 
     config = SSDConfig.from_env() or SSDConfig()
     device = "cpu" if on_cpu(server_args) else str(server_args.device or "cuda")
-    refusal = plain_rounds_refusal(config.plain_rounds, device)
+    refusal = mode_refusal(config.mode, device)
+    if refusal is not None:
+        raise ValueError(refusal)
+
+
+def refuse_verify_cuda_graph(server_args: ServerArgs) -> None:
+    """Refuse at startup `--ssd-verify-cuda-graph` where SGLang cannot replay SSD's verify
+    (`verify_graphs.verify_cuda_graph_refusal`: the CPU, an EAGLE-3 head draft, another
+    attention backend).
+
+    Raises:
+        ValueError: naming the flag and the reason.
+    """
+    from sglang_ssd.config import SSDConfig
+    from sglang_ssd.draft_runtimes import AUTO, HEAD_RUNTIME
+    from sglang_ssd.integration.server_flags import on_cpu
+    from sglang_ssd.integration.verify_graphs import verify_cuda_graph_refusal
+
+    config = SSDConfig.from_env() or SSDConfig()
+    if not config.verify_cuda_graph:
+        return
+    head = config.draft_runtime == HEAD_RUNTIME
+    if config.draft_runtime == AUTO and server_args.speculative_draft_model_path:
+        from sglang_ssd.eagle3.config import is_eagle3_head
+
+        head = is_eagle3_head(server_args.speculative_draft_model_path)
+    refusal = verify_cuda_graph_refusal(server_args, on_cpu(server_args), head)
     if refusal is not None:
         raise ValueError(refusal)
 
@@ -241,6 +276,7 @@ def validate_ssd_server_args(server_args: ServerArgs) -> None:
 
     refuse_unsupported_flags(cfg)
     refuse_plain_rounds_off_cpu(cfg)
+    refuse_verify_cuda_graph(cfg)
     check_gpu_placement(cfg)
     check_cpu_placement(cfg)
     preferred = getattr(cfg, "preferred_sampling_params", None)

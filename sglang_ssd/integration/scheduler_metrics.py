@@ -57,10 +57,11 @@ class Window:
         sync: `--ssd-mode sync`: the speculator drafts only when asked, so its round adds to
             the target's instead of hiding behind it, and the line names it "draft", not T_p
             (the gauges keep `t_p`: the same ratio).
-        sync_rounds: speculative rounds of the window that were sync rounds
-            (`--ssd-sync-rounds`: drafted just in time, so they too add the draft to the
-            round; when every speculative round of the window was one, the line reads as
-            under `sync`).
+        sync_rounds: speculative rounds of the window that were sync rounds (drafted just in
+            time, so they too add the draft to the round; when every speculative round of the
+            window was one, the line reads as under `sync`).
+        arrangements: the arrangement held per batch-size bucket and the rates behind it
+            (`RoundPlanner.describe`; "" before any was measured).
     """
 
     rounds: RoundStats = field(default_factory=RoundStats)
@@ -70,6 +71,7 @@ class Window:
     plain_rounds: int = 0
     sync: bool = False
     sync_rounds: int = 0
+    arrangements: str = ""
 
     def values(self) -> dict[str, float]:
         """Per-round means and per-request-round rates (0 for an empty window), by gauge name."""
@@ -92,7 +94,8 @@ class Window:
         """The SSD part of the "Decode batch" line; a window without a speculative round says
         so (its plain rounds) instead of printing zeros for figures nothing measured."""
         if not self.rounds.rounds:
-            return f"ssd: no speculative round, plain rounds: {self.plain_rounds}"
+            suffix = f"ssd: no speculative round, plain rounds: {self.plain_rounds}"
+            return suffix + (f", arrangement {self.arrangements}" if self.arrangements else "")
         v = self.values()
         suffix = (
             f"ssd hit rate: {v['cache_hit_rate']:.2f}, "
@@ -119,6 +122,8 @@ class Window:
             suffix += f", sync rounds: {self.sync_rounds}"
         if self.plain_rounds:
             suffix += f", plain rounds: {self.plain_rounds}"
+        if self.arrangements:
+            suffix += f", arrangement {self.arrangements}"
         return suffix
 
 
@@ -158,6 +163,7 @@ class WindowTracker:
             plain_rounds=now.plain_rounds - last.plain_rounds,
             sync=sync,
             sync_rounds=now.sync_rounds - last.sync_rounds,
+            arrangements=planner.describe(),
         )
 
 

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sglang_ssd.target import METHOD
+
 
 def _get(cfg: Any, name: str) -> Any:
     return getattr(cfg, name, None)
@@ -40,6 +42,11 @@ def _gguf_target(cfg: Any) -> bool:
         or _get(cfg, "load_format") == "gguf"
         or _get(cfg, "quantization") == "gguf"
     )
+
+
+def _other_quantization(cfg: Any) -> bool:
+    """Whether `--quantization` names a method other than ours (`target.int8_method`)."""
+    return _get(cfg, "quantization") not in (None, METHOD)
 
 
 def _multimodal_target(cfg: Any) -> bool:
@@ -133,14 +140,22 @@ FLAGS: tuple[FlagRule, ...] = (
         lambda cfg: bool(_get(cfg, "enable_lora") or _get(cfg, "lora_paths")),
     ),
     FlagRule(
-        "`--quantization`, GGUF targets (on CPU)",
+        "`--quantization ssd_int8` (on CPU)",
+        True,
+        "the target's linear layers and LM head in int8 (weights per output row, activations "
+        "per row: a verify row equals the same row decoded alone), quantised from the bf16 "
+        "checkpoint at load and cached beside it; greedy SSD equals the int8 AR server",
+        "tests/integration/test_int8_target.py",
+    ),
+    FlagRule(
+        "`--quantization` other than `ssd_int8`, GGUF targets (on CPU)",
         False,
         "SGLang 0.5.23's CPU engine has no kernels for quantised or GGUF weights without "
         "Intel's sgl_kernel build, so its autoregressive server cannot serve them either; "
         "`python -m sglang_ssd.models` converts GGUF files to bf16 (on CUDA they pass through, "
         "untested end to end)",
         _REFUSAL_TEST,
-        lambda cfg: on_cpu(cfg) and bool(_get(cfg, "quantization") or _gguf_target(cfg)),
+        lambda cfg: on_cpu(cfg) and (_other_quantization(cfg) or _gguf_target(cfg)),
     ),
     FlagRule(
         "`--enable-hierarchical-cache`",

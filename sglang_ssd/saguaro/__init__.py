@@ -1,7 +1,8 @@
 """Saguaro: the pure-torch math of speculative speculative decoding (SSD).
 
-Kumar, Dao, May, "Speculative Speculative Decoding", ICLR 2026, arXiv 2603.03251; DESIGN.md
-section 1 holds the exact rules and the corrected formulas. No processes, no SGLang: this package
+Kumar, Dao, May, "Speculative Speculative Decoding", ICLR 2026, arXiv 2603.03251;
+docs/design.md#saguaro holds the exact rules and the corrected formulas. No processes, no SGLang:
+this package
 imports with torch alone and runs on CPU or CUDA tensors (device follows the inputs).
 
 The names below are loaded on first use (PEP 562), so that importing one submodule (e.g.

@@ -2,7 +2,8 @@
 
 With i.i.d. per-token acceptance alpha and lookahead gamma, tokens emitted per round (bonus
 included) have mean E(alpha) = sum_{i=0}^{gamma} alpha^i = (1 - alpha^(gamma+1)) / (1 - alpha)
-(Leviathan et al. 2023; DESIGN.md section 1). The formulas of the Saguaro pieces need alpha, found
+(Leviathan et al. 2023; docs/design.md#accept-length-and-alpha). The formulas of the Saguaro pieces
+need alpha, found
 by solving E(alpha) = L for a measured accept length L, which is not (L - 1) / gamma.
 """
 
@@ -26,7 +27,7 @@ def expected_accept_length(alpha: float, lookahead: int) -> float:
     Raises:
         ValueError: if alpha is outside [0, 1] or lookahead < 0.
 
-    Source: DESIGN.md section 1; Leviathan et al. 2023, equation (1).
+    Source: docs/design.md#accept-length-and-alpha; Leviathan et al. 2023, equation (1).
     """
     _check_alpha(alpha)
     if int(lookahead) != lookahead or lookahead < 0:
@@ -49,7 +50,7 @@ def alpha_from_accept_length(accept_length: float, lookahead: int, tol: float = 
     Raises:
         ValueError: if L is outside [1, gamma + 1] or not finite, or lookahead < 1.
 
-    Source: DESIGN.md section 1 ("obtained by solving E(alpha) = L").
+    Source: docs/design.md#accept-length-and-alpha.
     """
     if int(lookahead) != lookahead or lookahead < 1:
         raise ValueError(f"lookahead must be an int >= 1, got {lookahead}")
@@ -95,7 +96,7 @@ class AcceptanceCounts:
     Raises:
         ValueError: unless 0 <= accepted <= tried and 0 < decay <= 1 (so α stays in [0, 1]).
 
-    Source: DESIGN.md section 1 (per-token acceptance α); the truncated-geometric likelihood.
+    Source: docs/design.md#accept-length-and-alpha; the truncated-geometric likelihood.
     """
 
     accepted: float = 4.0

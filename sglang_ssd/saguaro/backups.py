@@ -1,7 +1,8 @@
-"""Fast backup speculators for cache misses (paper Theorem 17; DESIGN.md section 1).
+"""Fast backup speculators for cache misses (paper Theorem 17; docs/design.md#fallback-theorem-17).
 
 Both propose point-mass drafts: their tokens are not sampled from a known q, so `verify` must be
-called with `point_mass=True` for those rows (accept with prob p(x), DESIGN.md section 1). Neither
+called with `point_mass=True` for those rows (accept with prob p(x),
+docs/design.md#point-mass-drafts). Neither
 looks at the target's randomness, which is what keeps the point-mass rule exact.
 """
 
@@ -23,7 +24,7 @@ class NgramSpeculator:
     has just proposed (periodic text continues its period). With no match at any n, the
     deterministic fill repeats the last token (token 0 for an empty sequence).
 
-    Source: DESIGN.md section 1 ("Fallback"); the prompt-lookup / n-gram drafting that SGLang's
+    Source: docs/design.md#fallback-theorem-17; the prompt-lookup / n-gram drafting that SGLang's
     NGRAM algorithm also uses, here over one request's own tokens.
     """
 

@@ -2,7 +2,8 @@
 
 While the target verifies round T, the speculator pre-speculates round T + 1 for the likeliest
 outcomes v = (k, t*) and stores each branch's D draft tokens with the q rows they were sampled from
-(paper section 4.1; DESIGN.md section 1). q may be stored densely [N, D, V] or sparsely as
+(paper section 4.1; docs/design.md#the-speculation-cache). q may be stored densely [N, D, V] or
+sparsely as
 `SparseProbs` (top-K-truncated): exact as long as it is the distribution actually sampled from.
 Entries are a dict per request, so a lookup costs one dict probe per request; the last round's
 entries of a request are replaced by its next round as a whole.
@@ -117,7 +118,7 @@ class SpeculationCache:
     bounds keeps only its first entries (callers list branches most likely first). The cache keeps
     references to the tensors it is given (no copy, except when truncating a round).
 
-    Source: paper section 4.1 (speculation cache); DESIGN.md section 1 (keys, sparse q, memory).
+    Source: paper section 4.1 (speculation cache); docs/design.md#the-speculation-cache.
     """
 
     def __init__(

@@ -1,5 +1,5 @@
 """Every kind of draft a round can verify besides a cache hit: one record each, the one home of
-that vocabulary (DESIGN.md section 1, "Who decides the fallback"; paper Theorem 17).
+that vocabulary (docs/design.md#who-decides-the-fallback; paper Theorem 17).
 
 A round's draft comes from the speculation cache (a hit) or, on a miss, from a backup: the
 speculator's primary draft just in time ("jit") or a fast point-mass draft ("ngram", "random"),
@@ -30,7 +30,7 @@ class DraftKind:
             (an n-gram over the request's own tokens), "random" (uniform tokens); the producer
             of a `speculator` kind is looked up by this name.
         point_mass: its drafts carry no q: verification treats each draft token as certain
-            (q = one-hot), which is exact (DESIGN.md section 1, "Point-mass drafts").
+            (q = one-hot), which is exact (docs/design.md#point-mass-drafts).
         speculator: the speculator produces it on a miss, as the Step's backup; False for the
             target's own fallback (never on the wire, never a `--ssd-backup` value).
         prior_alpha: the fallback policy's per-token acceptance before any measurement, in

@@ -1,4 +1,5 @@
-"""Which draft to use on a cache miss, per batch (paper Theorem 17; DESIGN.md section 1).
+"""Which draft to use on a cache miss, per batch (paper Theorem 17;
+docs/design.md#fallback-theorem-17).
 
 The target-side worker knows the batch, so it runs this policy and sends the choice to the
 speculator. Below b* the primary draft runs just-in-time (slow, accurate); at b >= b* a fast backup
@@ -149,7 +150,7 @@ class FallbackPolicy:
         Raises:
             ValueError: if batch_size < 1.
 
-        Source: paper Theorem 17; DESIGN.md section 1 ("Who decides the fallback").
+        Source: paper Theorem 17; docs/design.md#who-decides-the-fallback.
         """
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -173,7 +174,7 @@ class FallbackPolicy:
         Returns:
             int b* >= 1 (fast backups win for every b >= b*), or None.
 
-        Source: paper Theorem 17 with the speedup model of DESIGN.md section 1.
+        Source: paper Theorem 17 with the speedup model of docs/design.md#speedup-model-theorem-7.
         """
         if self.mode != "auto":
             return None if self.mode == JIT_BACKUP else 1

@@ -1,6 +1,7 @@
 """How many candidate bonus tokens F_k the speculator forks at each accept length k.
 
-Geometric fan-out (paper Theorem 12, with the correction in DESIGN.md section 1): with
+Geometric fan-out (paper Theorem 12, with the correction in
+docs/design.md#geometric-fan-out-theorem-12): with
 P(k) = alpha^k (1 - alpha) for k < gamma, P(gamma) = alpha^gamma, and the power-law hit model
 1 - p_hit(F) ~ c F^(-r) (Definition 11), maximising sum_k P(k) p_hit(F_k) under sum_k F_k <= B
 gives F_k proportional to P(k)^(1/(1+r)):
@@ -41,7 +42,7 @@ def geometric_fanout(
         ValueError: on negative budget/lookahead, alpha outside [0, 1], r <= 0 or not finite,
             or vocab_size < 2.
 
-    Source: paper Theorem 12 and Definition 11; DESIGN.md section 1 ("Geometric fan-out").
+    Source: paper Theorem 12 and Definition 11; docs/design.md#geometric-fan-out-theorem-12.
     """
     _check_common(budget, lookahead, vocab_size)
     if not (isinstance(alpha, (int, float)) and 0.0 <= alpha <= 1.0):
@@ -93,7 +94,7 @@ def fit_hit_model(fanouts: Sequence[int], hit_rates: Sequence[float]) -> tuple[f
     Raises:
         ValueError: on mismatched lengths, F < 1, rates outside [0, 1], or < 2 distinct F.
 
-    Source: paper Definition 11; DESIGN.md section 1 ("Cache hit model").
+    Source: paper Definition 11; docs/design.md#cache-hit-model-definition-11.
     """
     if len(fanouts) != len(hit_rates) or len(set(fanouts)) < 2:
         raise ValueError("need matching fanouts/hit_rates with at least two distinct F")
@@ -118,7 +119,7 @@ def fit_hit_counts(
     Returns:
         (c, r), or None with fewer than two usable F.
 
-    Source: paper Definition 11; DESIGN.md section 1 ("Cache hit model").
+    Source: paper Definition 11; docs/design.md#cache-hit-model-definition-11.
     """
     usable = {f: n for f, n in outcomes.items() if f >= 1 and n >= min_outcomes}
     if len(usable) < 2:

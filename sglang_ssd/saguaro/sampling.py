@@ -15,23 +15,26 @@ and renormalise (SGLang's `torch.multinomial` renormalises implicitly). The two 
 0.3, 0.2, 0.1] with top_k 2, top_p 0.5 keeps tokens 0 and 1 jointly (exclusive mass 0.4 <= 0.5)
 but only token 0 in sequence (0.3 / 0.7 renormalised follows 0.571 > 0.5). Greedy rows become a
 one-hot at `argmax(logits)`, as SGLang's greedy path picks `torch.argmax(logits, -1)`.
-DESIGN.md section 1: the target's p must be the distribution autoregressive decoding samples from.
+docs/design.md#options-that-change-p: the target's p must be the distribution autoregressive
+decoding samples from.
 
 `saguaro_probs` is Saguaro sampling (paper Definition 14): the same distribution with the top M
 tokens down-weighted by beta, sigma(z)_t proportional to beta * exp(z_t) for t among the top M
 and exp(z_t) otherwise. With M_j = F_j + 1 for draft token d_{j+1}: if d_{j+1} is rejected
 (k = j) the bonus comes from the residual max(p - sigma, 0), which this pushes onto the top tokens
 the fork caches (the top F_j + 1 minus d_{j+1}). The same sigma is the q that `verify` must
-receive (DESIGN.md section 1).
+receive (docs/design.md#options-that-change-p).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 from typing import Literal
 
 import torch
+
+from .host_copies import to_device
 
 # SGLang's `_SAMPLING_EPS` (sampling_params.py): a temperature below it means greedy.
 GREEDY_TEMPERATURE_EPS = 1e-6
@@ -67,7 +70,8 @@ class SamplingBatch:
         filter_order: how top-k, top-p and min-p combine (module docstring; `filter_order()`
             gives the server's): "joint" or "sequential".
 
-    Greedy (DESIGN.md section 1): `top_k == 1` or `temperature == 0`; SGLang itself stores greedy
+    Greedy (docs/design.md#greedy-requests): `top_k == 1` or `temperature == 0`; SGLang itself
+    stores greedy
     as temperature 1, top_k 1. All tensors live on one device; `apply_sampling` moves them to the
     logits' device. Options SGLang applies to the logits before this step (penalties, logit bias,
     grammar masks) are not carried here: callers apply them to the logits first.
@@ -81,8 +85,11 @@ class SamplingBatch:
     top_p: torch.Tensor
     min_p: torch.Tensor | None = None
     filter_order: FilterOrder = "joint"
+    # True for a batch derived from a checked one (`to`, `select`): its values are not read
+    # again (on a GPU each check is a device-to-host copy).
+    checked: InitVar[bool] = False
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, checked: bool) -> None:
         if self.filter_order not in FILTER_ORDERS:
             raise ValueError(
                 f"SamplingBatch.filter_order must be one of {FILTER_ORDERS}, "
@@ -105,7 +112,7 @@ class SamplingBatch:
             value = fields.get(name)
             if value is not None and not value.dtype.is_floating_point:
                 raise ValueError(f"SamplingBatch.{name} must be a float tensor, got {value.dtype}")
-        if self.batch_size == 0:
+        if self.batch_size == 0 or checked:
             return
         if not bool(torch.isfinite(self.temperature).all()) or bool((self.temperature < 0).any()):
             raise ValueError("SamplingBatch.temperature must be finite and >= 0")
@@ -160,7 +167,7 @@ class SamplingBatch:
 
     @property
     def is_greedy(self) -> torch.Tensor:
-        """bool [B]: `top_k == 1` or `temperature < 1e-6` (DESIGN.md section 1)."""
+        """bool [B]: `top_k == 1` or `temperature < 1e-6` (docs/design.md#greedy-requests)."""
         return (self.top_k == 1) | (self.temperature < GREEDY_TEMPERATURE_EPS)
 
     def to(self, device: torch.device | str) -> SamplingBatch:
@@ -173,6 +180,7 @@ class SamplingBatch:
             self.top_p.to(device),
             None if self.min_p is None else self.min_p.to(device),
             self.filter_order,
+            checked=True,
         )
 
     def select(self, index: torch.Tensor) -> SamplingBatch:
@@ -185,6 +193,7 @@ class SamplingBatch:
             self.top_p[index],
             None if self.min_p is None else self.min_p[index],
             self.filter_order,
+            checked=True,
         )
 
 
@@ -206,7 +215,8 @@ def apply_sampling(logits: torch.Tensor, sampling: SamplingBatch) -> torch.Tenso
         ValueError: if `logits` is not floating point with >= 2 dims or B disagrees.
 
     Source: sglang/srt/layers/sampler.py (0.5.23) `Sampler.forward` standard path,
-    `_sample_from_probs` and `top_k_top_p_min_p_sampling_from_probs_torch`; DESIGN.md section 1.
+    `_sample_from_probs` and `top_k_top_p_min_p_sampling_from_probs_torch`;
+    docs/design.md#options-that-change-p.
     """
     if not logits.dtype.is_floating_point or logits.dim() < 2:
         raise ValueError(
@@ -218,20 +228,19 @@ def apply_sampling(logits: torch.Tensor, sampling: SamplingBatch) -> torch.Tenso
     work_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
     rows = logits.reshape(-1, vocab).to(work_dtype)
     per_row = rows.shape[0] // max(sampling.batch_size, 1)
-    sampling = sampling.to(rows.device)
 
     def expand(value: torch.Tensor) -> torch.Tensor:
         return value.repeat_interleave(per_row)
 
-    greedy = expand(sampling.is_greedy)
-    if bool(greedy.all()):
+    # Which rows are greedy, tempered or filtered is read where `sampling` lives (the host, when
+    # the caller keeps it there: no device sync); only the per-row tensors go to the logits.
+    greedy_here = expand(sampling.is_greedy)
+    if bool(greedy_here.all()):
         one_hot = torch.zeros_like(rows).scatter_(1, rows.argmax(dim=-1, keepdim=True), 1.0)
         return one_hot.reshape(logits.shape)
     temperature = expand(sampling.temperature).to(work_dtype)
-    temperature = torch.where(greedy, torch.ones_like(temperature), temperature)
-    scaled = rows / temperature.unsqueeze(1) if bool((temperature != 1.0).any()) else rows
-    probs = torch.softmax(scaled, dim=-1)
-
+    temperature = torch.where(greedy_here, torch.ones_like(temperature), temperature)
+    tempered = bool((temperature != 1.0).any())
     top_k = expand(sampling.top_k).to(torch.int64)
     top_k = torch.where((top_k < 0) | (top_k > vocab), torch.full_like(top_k, vocab), top_k)
     top_p = expand(sampling.top_p).to(work_dtype)
@@ -239,8 +248,18 @@ def apply_sampling(logits: torch.Tensor, sampling: SamplingBatch) -> torch.Tenso
     needs_filter = (top_k < vocab) | (top_p < 1.0)
     if min_p is not None:
         needs_filter |= min_p > 0
-    needs_filter &= ~greedy
+    needs_filter &= ~greedy_here
     filtered = needs_filter.nonzero().squeeze(1)
+    any_greedy = bool(greedy_here.any())
+
+    device = rows.device
+    greedy = to_device(greedy_here, device)
+    temperature, top_k = to_device(temperature, device), to_device(top_k, device)
+    top_p, filtered = to_device(top_p, device), to_device(filtered, device)
+    min_p = None if min_p is None else to_device(min_p, device)
+    scaled = rows / temperature.unsqueeze(1) if tempered else rows
+    probs = torch.softmax(scaled, dim=-1)
+
     filter_rows = _FILTERS[sampling.filter_order]
     if filtered.numel() == probs.shape[0]:
         probs = filter_rows(probs, top_k, top_p, min_p)
@@ -252,7 +271,7 @@ def apply_sampling(logits: torch.Tensor, sampling: SamplingBatch) -> torch.Tenso
             None if min_p is None else min_p[filtered],
         )
 
-    if bool(greedy.any()):
+    if any_greedy:
         one_hot = torch.zeros_like(probs).scatter_(1, rows.argmax(dim=-1, keepdim=True), 1.0)
         probs = torch.where(greedy.unsqueeze(1), one_hot, probs)
     return probs.reshape(logits.shape)
@@ -288,7 +307,7 @@ def saguaro_probs(
     Raises:
         ValueError: if beta is outside (0, 1], top_m is negative or does not broadcast.
 
-    Source: paper Definition 14; DESIGN.md section 1 ("Saguaro sampling").
+    Source: paper Definition 14; docs/design.md#saguaro-sampling-definition-14.
     """
     beta = float(beta)
     if not 0.0 < beta <= 1.0:
@@ -325,7 +344,8 @@ def saguaro_probs(
 
 
 def top_m_from_fanout(fanout: Sequence[int]) -> list[int]:
-    """M_j = F_j + 1 for draft tokens d_{j+1}, j = 0..gamma-1 (DESIGN.md section 1).
+    """M_j = F_j + 1 for draft tokens d_{j+1}, j = 0..gamma-1
+    (docs/design.md#saguaro-sampling-definition-14).
 
     Args:
         fanout: F_0..F_gamma (length gamma + 1), e.g. from `geometric_fanout`.

@@ -1,7 +1,8 @@
 """Self-tuning of the tree depth D: pre-speculate only as deep as the verify can hide.
 
 Saguaro's principle is that a bigger cache is worth it only while building it stays hidden behind
-the target's verify (paper §4; DESIGN.md §1, "Speedup model"). The speculator builds a round's
+the target's verify (paper §4; docs/design.md#speedup-model-theorem-7). The speculator builds a
+round's
 cache with 1 + D draft forwards (glue, then one per tree depth), so its time grows with D while a
 hit's accept length E(α, D) (bonus included) saturates. Each round `DepthTuner.choose` picks the
 D in 1..γ that maximises the speedup model with the live measurements:
@@ -144,7 +145,8 @@ class DepthTuner:
             t_backup: the backup's latency on a miss, seconds.
             batch_size: b >= 1.
 
-        Source: paper Theorem 7 with DESIGN.md §1's corrections (`expected_speedup`).
+        Source: paper Theorem 7 with docs/design.md#speedup-model-theorem-7 corrections
+        (`expected_speedup`).
         """
         return expected_speedup(
             alpha_hit=self.alpha,

@@ -5,7 +5,8 @@ verify forward scores D + 1 steps at once (root, d_1 .. d_D), so position j must
 *plus the draft prefix d_1 .. d_j*, exactly as plain decoding would have seen it had it emitted
 that prefix. `shape_logits` does that; `saguaro.verify` then applies temperature, top-k/top-p and
 min-p to the shaped logits. Exactness needs nothing else: the accept/reject rule compares q
-against the p plain decoding would sample from at each position (DESIGN.md section 1).
+against the p plain decoding would sample from at each position
+(docs/design.md#options-that-change-p).
 
 Formulas (SGLang 0.5.23 `sampling/penaltylib`, output tokens only, c_t the count of token t in
 the output so far):
@@ -95,8 +96,8 @@ def shape_logits(
     Raises:
         ValueError: on inconsistent shapes.
 
-    Source: SGLang 0.5.23 `sampling/penaltylib` (formulas); DESIGN.md section 1 (applied to p
-    before verify, per position).
+    Source: SGLang 0.5.23 `sampling/penaltylib` (formulas);
+    docs/design.md#options-that-change-p (applied to p before verify, per position).
     """
     batch, width = logits.shape[:2]
     if len(options) != batch or draft_tokens.shape[0] != batch or draft_tokens.shape[1] >= width:

@@ -1,4 +1,5 @@
-"""Expected SSD decoding speed (paper Theorem 7, with the corrections of DESIGN.md section 1).
+"""Expected SSD decoding speed (paper Theorem 7, with the corrections of
+docs/design.md#speedup-model-theorem-7).
 
 Times are in units of one target verify. A hit round lasts max(1, T_p) (T_p = `t_spec`, the
 speculator's time to build the next cache); a miss round lasts T_b + max(1, T_p) (T_b =
@@ -50,7 +51,7 @@ def expected_speedup(
         ValueError: on probabilities outside [0, 1], negative times, batch_size < 1, or a
             non-positive `t_ar_over_t_verify`.
 
-    Source: paper Theorem 7; DESIGN.md section 1 ("Speedup model"), whose corrections are the
+    Source: paper Theorem 7; docs/design.md#speedup-model-theorem-7, whose corrections are the
     per-request numerator and p_b = p_hit^b in the denominator.
     """
     for name, value in (("alpha_hit", alpha_hit), ("alpha_miss", alpha_miss), ("p_hit", p_hit)):

@@ -1,6 +1,7 @@
 """The uniforms `verify` draws, given from outside so that two devices can share them.
 
-`verify` draws two sets of uniforms for its sampled rows (DESIGN.md section 1; Leviathan et al.
+`verify` draws two sets of uniforms for its sampled rows (docs/design.md#independent-randomness;
+Leviathan et al.
 2023, Algorithm 1): one per draft token for the acceptance test u < min(1, p(x) / q(x)), and one
 per row for the inverse-CDF draw of the bonus token from the residual norm(max(p - q, 0)) (or from
 p). CUDA and CPU generators give different streams for one seed, so a CUDA verify cannot be

@@ -1,6 +1,7 @@
 """Exact (lossless) verification of one speculative round, batched over requests.
 
-Row rules (DESIGN.md section 1; Leviathan et al. 2023 / Chen et al. 2023 speculative sampling;
+Row rules (docs/design.md#exactness-rules; Leviathan et al. 2023 / Chen et al. 2023 speculative
+sampling;
 SSD paper section 3: verification is unchanged by pre-speculation):
 - sampled draft token x ~ q: accept with prob min(1, p(x) / q(x)); at the first rejection the bonus
   is drawn from norm(max(p - q, 0)).
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .host_copies import to_device
 from .sampling import SamplingBatch, apply_sampling
 from .uniforms import VerifyUniforms
 
@@ -57,15 +59,20 @@ def verify(
             (row j scores draft token j; row D scores the all-accepted bonus). Penalties, logit
             bias and grammar masks must already be applied; temperature/top-k/top-p/min-p are
             applied here by `apply_sampling`, as SGLang's sampler does.
-        draft_tokens: int64 [B, D], D >= 0 (D = 0: one token is sampled from p).
+        draft_tokens: int64 [B, D], D >= 0 (D = 0: one token is sampled from p), on the
+            logits' device or on the CPU (then range-checked there and copied over, so the
+            check reads no device memory).
         draft_probs: float [B, D, V], the exact q each draft token was sampled from (Saguaro
             rescaling and the draft's temperature/top-k/top-p included, same dtype; widening to
             float32/64 here is exact), or None: every row is a point mass.
-        sampling: the target requests' sampling parameters, batch size B.
+        sampling: the target requests' sampling parameters, batch size B, on any device;
+            when it is on the CPU (the target worker keeps it there), which rows are greedy,
+            tempered or filtered is read without a device sync.
         point_mass: bool [B] or None; True rows' tokens were not sampled from a known q
             (n-gram, random or greedy backup) and their `draft_probs` rows are ignored.
         generator: torch.Generator on the logits' device, or None for the global RNG. The
-            draft's randomness must be independent of this one (DESIGN.md section 1).
+            draft's randomness must be independent of this one
+            (docs/design.md#independent-randomness).
         uniforms: the acceptance and bonus uniforms (`VerifyUniforms`: accept float [B, D],
             bonus float64 [B]) instead of draws from `generator`, which is then unused; CUDA
             and CPU given the same uniforms emit the same tokens up to rounding ties. None:
@@ -77,14 +84,14 @@ def verify(
     Raises:
         ValueError: on inconsistent shapes, dtypes, devices or out-of-range draft tokens.
 
-    Source: DESIGN.md section 1 (exactness rules); paper section 3 (SSD keeps SD's verifier).
+    Source: docs/design.md#exactness-rules; paper section 3 (SSD keeps SD's verifier).
     """
     batch, depth, _ = _check_inputs(target_logits, draft_tokens, draft_probs, sampling, point_mass)
     if uniforms is not None:
         uniforms.check(batch, depth)
     device = target_logits.device
-    sampling = sampling.to(device)
-    greedy = sampling.is_greedy
+    draft_tokens = to_device(draft_tokens, device)
+    greedy = sampling.is_greedy  # on `sampling`'s device: the host when the caller keeps it there
     if point_mass is None:
         point_mass = torch.full((batch,), draft_probs is None, dtype=torch.bool, device=device)
     elif draft_probs is None:
@@ -94,18 +101,18 @@ def verify(
     bonus = torch.zeros(batch, dtype=torch.int64, device=device)
     num_greedy = int(greedy.sum())
     if num_greedy > 0:
-        rows = _rows(greedy, num_greedy == batch)
+        _, rows = _rows(greedy, num_greedy == batch, device)
         accept_len[rows], bonus[rows] = _verify_greedy(target_logits[rows], draft_tokens[rows])
     if num_greedy < batch:
-        rows = _rows(~greedy, num_greedy == 0)
+        here, rows = _rows(~greedy, num_greedy == 0, device)
         accept_len[rows], bonus[rows] = _verify_sampled(
             target_logits[rows],
             draft_tokens[rows],
             None if draft_probs is None else draft_probs[rows],
-            sampling.select(rows),
+            sampling.select(here),
             point_mass[rows],
             generator,
-            None if uniforms is None else uniforms.select(rows),
+            None if uniforms is None else uniforms.select(here),
         )
 
     emitted = torch.full((batch, depth + 1), -1, dtype=torch.int64, device=device)
@@ -116,9 +123,15 @@ def verify(
     return VerifyResult(accept_len=accept_len, bonus_token=bonus, emitted=emitted)
 
 
-def _rows(mask: torch.Tensor, every_row: bool) -> slice | torch.Tensor:
-    """Index selecting `mask`'s rows; a slice (no copy) when that is every row."""
-    return slice(None) if every_row else mask.nonzero().squeeze(1)
+def _rows(
+    mask: torch.Tensor, every_row: bool, device: torch.device
+) -> tuple[slice | torch.Tensor, slice | torch.Tensor]:
+    """Index selecting `mask`'s rows on `mask`'s device and on `device`; a slice (no copy)
+    when that is every row."""
+    if every_row:
+        return slice(None), slice(None)
+    here = mask.nonzero().squeeze(1)
+    return here, to_device(here, device)
 
 
 def _verify_greedy(
@@ -162,20 +175,25 @@ def _verify_sampled(
         accept_len = accepted.to(torch.int64).cumprod(dim=1).sum(dim=1)
 
     arange_n = torch.arange(batch, device=device)
-    residual = p[arange_n, accept_len]  # [N, V] copy: p at the first rejection, or at D + 1
+    p_at = p[arange_n, accept_len]  # [N, V]: p at the first rejection, or at D + 1
+    residual = p_at
+    # Every row's case is applied with a mask (`where`), not by gathering its rows: the same
+    # values, and no device-to-host read of which rows they are.
     if depth > 0:
         rejected = accept_len < depth
         row = accept_len.clamp(max=depth - 1)
-        sampled = (rejected & ~point_mass).nonzero().squeeze(1)
-        if draft_probs is not None and sampled.numel() > 0:
-            q_row = draft_probs[sampled, row[sampled]].to(p.dtype)
-            residual[sampled] = (residual[sampled] - q_row).clamp_(min=0.0)
+        if draft_probs is not None:
+            q_row = draft_probs[arange_n, row].to(p.dtype)
+            sampled = (rejected & ~point_mass).unsqueeze(1)
+            residual = torch.where(sampled, (p_at - q_row).clamp_(min=0.0), p_at)
         # Point-mass rejection: max(p - delta_x, 0) is p with x removed.
-        dropped = (rejected & point_mass).nonzero().squeeze(1)
-        residual[dropped, draft_tokens[dropped, row[dropped]]] = 0.0
-        empty = (residual.sum(dim=1) <= 0).nonzero().squeeze(1)
-        if empty.numel() > 0:
-            residual[empty] = p[empty, accept_len[empty]]
+        dropped = (rejected & point_mass).unsqueeze(1)
+        x = draft_tokens.gather(1, row.unsqueeze(1))  # [N, 1]
+        kept = torch.where(dropped, 0.0, residual.gather(1, x))
+        residual = residual.clone() if residual is p_at else residual
+        residual.scatter_(1, x, kept)
+        empty = (residual.sum(dim=1) <= 0).unsqueeze(1)
+        residual = torch.where(empty, p_at, residual)
     bonus_u = None if uniforms is None else uniforms.bonus.to(device=device).unsqueeze(1)
     return accept_len, _sample_rows(residual, generator, bonus_u)
 
@@ -243,8 +261,8 @@ def _check_inputs(
             f"draft_tokens shape {tuple(draft_tokens.shape)} != (B, D) = "
             f"{(batch, depth)} implied by target_logits {tuple(target_logits.shape)}"
         )
-    if draft_tokens.device != target_logits.device:
-        raise ValueError("draft_tokens and target_logits are on different devices")
+    if draft_tokens.device not in (target_logits.device, torch.device("cpu")):
+        raise ValueError("draft_tokens must be on target_logits' device or on the CPU")
     if draft_tokens.numel() > 0 and bool(((draft_tokens < 0) | (draft_tokens >= vocab)).any()):
         raise ValueError(f"draft_tokens must lie in [0, V) = [0, {vocab})")
     if draft_probs is not None:

@@ -26,6 +26,7 @@ from sglang_ssd.speculator.kv_pool import POOL_MEMORY_SHARE
 from sglang_ssd.speculator.parent import parent_alive
 from sglang_ssd.speculator.runtimes import LoadRequest, create_draft_runtime
 from sglang_ssd.speculator.server import SpeculatorServer
+from sglang_ssd.speculator.warmup import warm_up
 from sglang_ssd.transport import LinkAddress, SpeculatorLink, TransportError
 
 logger = logging.getLogger("sglang_ssd.speculator")
@@ -122,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.target_vocab_size:
             draft_vocab.limit_to_target(model, args.target_vocab_size)
     engine = SpeculatorEngine(model, config)
+    # One round at the serving shapes before linking: its one-time costs (a FlashInfer JIT
+    # compile on CUDA) fall in the startup wait, which the target judges by progress.
+    warmup_s = warm_up(engine)
     q_columns = engine.q_columns
     try:
         link = SpeculatorLink.connect(
@@ -134,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         logger.error("speculator: cannot link to the target: %s; exiting", exc)
         return EXIT_LINK_REFUSED
     logger.info(
-        "speculator ready: pid %d, draft runtime %s (%s), device %s, cpus %s, threads %d, mode %s",
+        "speculator ready: pid %d, draft runtime %s (%s), device %s, cpus %s, threads %d, mode %s, "
+        "warm-up %s",
         os.getpid(),
         type(model).__name__,
         config.draft_runtime,
@@ -142,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
         sorted(os.sched_getaffinity(0)),
         torch.get_num_threads(),
         config.mode,
+        "skipped (the draft reads the target's features)"
+        if warmup_s is None
+        else f"{warmup_s:.2f} s",
     )
     try:
         SpeculatorServer(link, engine, args.parent_pid).run()

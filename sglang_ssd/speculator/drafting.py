@@ -2,7 +2,8 @@
 
 Sampled requests draw from Saguaro's sigma (Definition 14): the request's temperature/top-k/top-p
 applied to the draft logits, then the top M tokens down-weighted by beta. The returned q row *is*
-sigma, bit for bit, so `saguaro.verify` stays exact (DESIGN.md §1). Greedy requests take the
+sigma, bit for bit, so `saguaro.verify` stays exact (docs/design.md#sampled-drafts). Greedy requests
+take the
 argmax and carry no q. Each request draws with its own generator, independent of the target's.
 """
 
@@ -26,11 +27,15 @@ class DraftSample:
         q: list of N float32 [V] tensors or None.
         candidates: int64 [N, C], the C most likely draft tokens (by the draft's logits), best
             first; C = `num_candidates`.
+        probs: float32 [N, C], the draft's probability of each candidate (`draft_probs_at`).
+        token_probs: float32 [N], the draft's probability of the drawn token.
     """
 
     tokens: torch.Tensor
     q: list[torch.Tensor | None]
     candidates: torch.Tensor
+    probs: torch.Tensor
+    token_probs: torch.Tensor
 
 
 def sampling_of(states: Sequence[RequestState]) -> SamplingBatch:
@@ -80,12 +85,37 @@ def sample_drafts(
             token = torch.multinomial(probs[j], 1, generator=states[i].generator)
             tokens[i] = token[0]
             q[i] = probs[j]
-    return DraftSample(tokens=tokens, q=q, candidates=candidates)
+    cand_probs = draft_probs_at(logits, states, torch.cat([candidates, tokens.view(-1, 1)], 1))
+    return DraftSample(
+        tokens=tokens,
+        q=q,
+        candidates=candidates,
+        probs=cand_probs[:, :-1],
+        token_probs=cand_probs[:, -1],
+    )
 
 
-def pad_rows(rows: list[torch.Tensor], width: int) -> torch.Tensor:
-    """Stack 1-D int64 rows into [len(rows), width], padding with -1 (and cutting to width)."""
-    out = torch.full((len(rows), width), -1, dtype=torch.int64)
+def draft_probs_at(
+    logits: torch.Tensor, states: Sequence[RequestState], index: torch.Tensor
+) -> torch.Tensor:
+    """float32 [N, K]: the draft's probability of tokens `index` (int64 [N, K], -1 gives 0)
+    under softmax(logits / T), T the row's request temperature (1 for a greedy request):
+    the confidence the outcome model (`saguaro.outcome_model`) calibrates.
+
+    Args:
+        logits: float [N, V], row i belonging to `states[i]`.
+    """
+    temps = [1.0 if s.is_greedy else s.temperature for s in states]
+    scaled = logits.float() / torch.tensor(temps, device=logits.device).view(-1, 1)
+    logp = torch.log_softmax(scaled, dim=-1).gather(1, index.clamp_min(0))
+    return torch.where(index >= 0, logp.exp(), 0.0)
+
+
+def pad_rows(rows: list[torch.Tensor], width: int, fill: float = -1) -> torch.Tensor:
+    """Stack 1-D rows into [len(rows), width], padding with `fill` (and cutting to width);
+    int64 unless `fill` is a float (then float32: the candidates' probabilities, fill 0.0)."""
+    dtype = torch.float32 if isinstance(fill, float) else torch.int64
+    out = torch.full((len(rows), width), fill, dtype=dtype)
     for i, r in enumerate(rows):
         r = r[:width]
         out[i, : r.numel()] = r

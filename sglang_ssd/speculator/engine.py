@@ -1,6 +1,6 @@
 """The speculator's per-request state machine: open, apply outcomes, serve drafts, close.
 
-One round for a batch of requests (DESIGN.md §1, paper §4):
+One round for a batch of requests (docs/design.md#one-round, paper §4):
 1. `apply_outcomes`: the target's verified outcome (k, t*) per request commits d_1..d_k + t*;
    a cached branch for (k, t*) becomes the next draft (its KV slots are kept), all other
    branch slots are freed.
@@ -279,6 +279,7 @@ class SpeculatorEngine:
         drafted = draft.tokens[:k] if draft is not None else []
         if draft is not None:  # α for the geometric fan-out, from k of the draft's depth
             self.live.observe_accepted(k, draft.depth)
+            self.live.observe_outcome(draft, state.is_greedy, k, bonus)
         n_old = len(state.committed)
         state.committed = state.committed + drafted + [bonus]
         state.first_round = False
@@ -309,6 +310,8 @@ class SpeculatorEngine:
                 q=None if state.is_greedy else q,
                 candidates=branches.candidates[row],
                 source=draft_kinds.CACHE,
+                probs=None if branches.probs is None else branches.probs[row],
+                token_probs=None if branches.token_probs is None else branches.token_probs[row],
             )
         else:
             self.model.kv_pool.free(branches.slots.reshape(-1))
@@ -432,7 +435,7 @@ class SpeculatorEngine:
                         self._degrade(s, backup, depth, pool_full=True)
                 jit = [s for s, ok in zip(ready, fits, strict=True) if ok]
                 if jit:
-                    self._jit(jit, depth, self.plan(), saguaro=self.config.mode == "async")
+                    self._jit(jit, depth, self.plan(), saguaro=self.config.mode != "sync")
             else:
                 for s in ready:
                     self._point_mass(s, backup, depth)
@@ -464,6 +467,8 @@ class SpeculatorEngine:
         tokens: list[list[int]] = [[] for _ in states]
         qs: list[list[torch.Tensor | None]] = [[] for _ in states]
         cands: list[list[torch.Tensor]] = [[] for _ in states]
+        probs: list[list[torch.Tensor]] = [[] for _ in states]
+        token_probs: list[list[torch.Tensor]] = [[] for _ in states]
         for j in range(depth):
             if j == 0:
                 logits = feed_committed(
@@ -477,12 +482,16 @@ class SpeculatorEngine:
                 tokens[i].append(int(sample.tokens[i]))
                 qs[i].append(sample.q[i])
                 cands[i].append(sample.candidates[i])
+                probs[i].append(sample.probs[i])
+                token_probs[i].append(sample.token_probs[i])
         for i, s in enumerate(states):
             s.draft = Draft(
                 tokens=tokens[i],
                 q=None if s.is_greedy else torch.stack(qs[i]),  # type: ignore[arg-type]
                 candidates=pad_rows(cands[i] + [torch.empty(0, dtype=torch.int64)], num_cand),
                 source=draft_kinds.JIT,
+                probs=pad_rows(probs[i] + [torch.empty(0)], num_cand, 0.0),
+                token_probs=torch.stack(token_probs[i]) if depth else torch.empty(0),
             )
 
     # ---------------------------------------------------------------- prefill

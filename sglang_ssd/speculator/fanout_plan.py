@@ -2,16 +2,25 @@
 
 Geometric fan-out (paper Theorem 12) needs the per-token acceptance α and the exponent r of the
 cache-hit power law 1 - p_hit(F) ~ c F^-r (Definition 11). Both are measured here as outcomes
-arrive (DESIGN.md §1): α from the accepted tokens of drafts of any depth (`AcceptanceCounts`:
+arrive (docs/design.md#geometric-fan-out-theorem-12): α from the accepted tokens of drafts of any
+depth (`AcceptanceCounts`:
 hits carry the self-tuned D, backups γ), r by fitting the hit rate observed at each fan-out F.
 A `FanoutPlan` freezes them at the start of a
 round (one `serve` or `build` call), so every request and depth of that round share one plan.
+
+The ``predicted`` shape instead allocates per request and per round from the draft's own
+probabilities (`sglang_ssd.saguaro.outcome_model`, paper §4.1): the budget goes to the outcomes
+(k, t) the calibrated model rates most probable, shared across the batch. Its calibration maps
+learn from every verified outcome whatever the shape in force (`LiveFanout.observe_outcome`).
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+import torch
 
 from sglang_ssd.config import SSDConfig
 from sglang_ssd.saguaro import (
@@ -21,6 +30,8 @@ from sglang_ssd.saguaro import (
     top_m_from_fanout,
     uniform_fanout,
 )
+from sglang_ssd.saguaro.outcome_model import DraftEvidence, OutcomeModel
+from sglang_ssd.speculator.state import Draft, RequestState
 
 # Exponent of the cache-hit power law until enough outcomes were observed to fit it.
 DEFAULT_HIT_EXPONENT = 0.7
@@ -43,11 +54,13 @@ class FanoutPlan:
     """F_0..F_D per draft depth D for one round, from the α and r measured when it began.
 
     Attributes:
-        shape: ``geometric`` (Theorem 12) or ``uniform``.
-        budget: B, forked branches per request (sum of F_k).
+        shape: ``geometric`` (Theorem 12), ``uniform`` or ``predicted`` (per draft, from
+            `outcomes`; its `fanout` is the geometric one, for Saguaro's M_j and the KV pool).
+        budget: B, forked branches per request (sum of F_k; across a batch for ``predicted``).
         alpha: per-token acceptance in `ALPHA_RANGE` (unused by ``uniform``).
         hit_exponent: r of the hit model (unused by ``uniform``).
         vocab_size: V; each F_k <= V - 1.
+        outcomes: the calibrated outcome model (used by ``predicted``).
     """
 
     shape: str
@@ -55,7 +68,25 @@ class FanoutPlan:
     alpha: float
     hit_exponent: float
     vocab_size: int
+    outcomes: OutcomeModel | None = field(default=None, repr=False, compare=False)
     _by_depth: dict[int, list[int]] = field(default_factory=dict, repr=False, compare=False)
+
+    def fanouts(self, states: Sequence[RequestState]) -> list[list[int]]:
+        """F_0..F_D for the draft in flight of each state (after glue filled its candidates):
+        the shape's static plan, or for ``predicted`` the most probable outcomes of the batch
+        under one shared budget of B per request (one host read for the whole batch)."""
+        evidence = [draft_evidence(s.draft, s.is_greedy) for s in states]
+        return self.allocate(evidence, [s.draft.depth for s in states])
+
+    def allocate(
+        self, evidence: Sequence[DraftEvidence | None], depths: Sequence[int]
+    ) -> list[list[int]]:
+        """`fanouts` from each draft's evidence (`draft_evidence`) and depth D: the static plan
+        unless ``predicted`` has the evidence of every draft."""
+        if self.shape != "predicted" or self.outcomes is None or None in evidence:
+            return [self.fanout(d) for d in depths]
+        counts = self.outcomes.allocate(list(evidence), self.budget, shared=True)  # type: ignore[arg-type]
+        return [row[: d + 1] for row, d in zip(counts.tolist(), depths, strict=True)]
 
     def fanout(self, depth: int) -> list[int]:
         """F_0..F_depth (depth + 1 ints >= 0) for a draft of `depth` tokens."""
@@ -74,8 +105,36 @@ class FanoutPlan:
         return top_m_from_fanout(self.fanout(depth))
 
     def num_candidates(self, depth: int) -> int:
-        """C = max_k F_k + 1: fork candidates kept per fork point (one may be the draft token)."""
+        """C = max_k F_k + 1: fork candidates kept per fork point (one may be the draft token);
+        min(B, V - 1) + 1 for ``predicted``, which may put the whole budget on one k."""
+        if self.shape == "predicted":
+            return min(self.budget, self.vocab_size - 1) + 1
         return max(self.fanout(depth)) + 1
+
+
+def draft_evidence(draft: Draft | None, greedy: bool) -> DraftEvidence | None:
+    """What the outcome model reads from `draft`, or None where the draft lacks candidates or
+    their probabilities (no glue yet)."""
+    if draft is None or draft.candidates is None or draft.probs is None:
+        return None
+    if draft.token_probs is None or draft.candidates.shape != draft.probs.shape:
+        return None
+    # Glue pads a cached draft's candidates and their probabilities on the host (`pad_rows`)
+    # while its token probabilities stay where the tree sampled them: one device for all.
+    device = draft.candidates.device
+    tokens = torch.tensor(draft.tokens, dtype=torch.int64, device=device)
+    q_cands = None
+    if draft.q is not None and not greedy and draft.depth:
+        index = draft.candidates[: draft.depth].clamp_min(0).to(draft.q.device)
+        q_cands = draft.q.gather(1, index).to(device)
+    return DraftEvidence(
+        tokens,
+        draft.candidates,
+        draft.probs.to(device),
+        draft.token_probs.to(device),
+        q_cands,
+        greedy,
+    )
 
 
 class LiveFanout:
@@ -87,6 +146,7 @@ class LiveFanout:
         self.hit_exponent = DEFAULT_HIT_EXPONENT
         self._hits: deque[tuple[int, bool]] = deque(maxlen=HIT_WINDOW)
         self._since_fit = 0
+        self.outcomes = OutcomeModel()
 
     @property
     def num_hit_observations(self) -> int:
@@ -97,6 +157,13 @@ class LiveFanout:
         """Feed one verified draft, `accepted` of its `depth` tokens, into the counts that
         set α."""
         self.acceptance.observe([accepted], [depth])
+
+    def observe_outcome(self, draft: Draft, greedy: bool, accept_len: int, bonus: int) -> None:
+        """Calibrate the outcome model on one verified outcome (k, t*) of `draft` (drafts
+        without the candidates' probabilities are skipped), at the next predicted allocation."""
+        evidence = draft_evidence(draft, greedy)
+        if evidence is not None and evidence.candidates.shape[0] == draft.depth + 1:
+            self.outcomes.defer(evidence, accept_len, bonus)
 
     def observe_hit(self, fanout: int, hit: bool) -> None:
         """Record one outcome at an accept length k that had `fanout` = F_k >= 1 cached
@@ -137,4 +204,5 @@ class LiveFanout:
             alpha=self.alpha(),
             hit_exponent=self.hit_exponent,
             vocab_size=vocab_size,
+            outcomes=self.outcomes,
         )

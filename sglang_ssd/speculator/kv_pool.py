@@ -3,7 +3,8 @@
 Slots are handed out from a LIFO free stack kept as an int64 tensor on the CPU (bookkeeping never
 syncs with the device), so `alloc(n)` and `free(slots)` are a few tensor ops, not a Python loop
 over tokens. A bool "allocated" map makes double frees and frees of never-allocated slots an error
-when `debug` is on (the default; the checks are vectorised and cheap).
+when `debug` is on (`default_debug`: on the CPU, off on CUDA, where each check reads device
+memory; `SGLANG_SSD_KV_POOL_DEBUG` overrides it, and the GPU checks turn it on).
 
 `affordable_slots` and `available_memory` keep a pool sized from the target's capacity within
 the memory the speculator's device has left.
@@ -11,10 +12,30 @@ the memory the speculator's device has left.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
+# "1" turns a pool's debug checks on, "0" off, whatever its device (`default_debug`).
+DEBUG_ENV = "SGLANG_SSD_KV_POOL_DEBUG"
 # A pool takes at most this share of the memory its device has free once the weights are in.
 POOL_MEMORY_SHARE = 0.5
+
+
+def default_debug(device: torch.device | str) -> bool:
+    """Whether a pool on `device` runs its debug checks: `SGLANG_SSD_KV_POOL_DEBUG` ("1" or
+    "0") when set, else on everywhere but CUDA (serving there skips the checks: each is a
+    device-to-host read, a host sync).
+
+    Raises:
+        ValueError: on another value of `SGLANG_SSD_KV_POOL_DEBUG`.
+    """
+    value = os.environ.get(DEBUG_ENV, "")
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{DEBUG_ENV} must be 1 (checks on) or 0 (off), got {value!r}")
+    if value:
+        return value == "1"
+    return torch.device(device).type != "cuda"
 
 
 def slot_bytes(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
@@ -60,7 +81,8 @@ class KVPool:
         head_dim: per-head size d of keys and values.
         dtype: K/V dtype (the model's dtype, e.g. torch.bfloat16).
         device: where K/V live; slot tensors returned by `alloc` live there too.
-        debug: check every `free` for double frees, unallocated and out-of-range slots.
+        debug: check every `free` for double frees, unallocated and out-of-range slots (and
+            let the draft model check its output slots); None: `default_debug(device)`.
 
     Attributes:
         k, v: lists of num_layers tensors [num_slots, num_kv_heads, head_dim].
@@ -77,7 +99,7 @@ class KVPool:
         head_dim: int,
         dtype: torch.dtype = torch.bfloat16,
         device: torch.device | str = "cpu",
-        debug: bool = True,
+        debug: bool | None = None,
     ) -> None:
         for name, value in (
             ("num_layers", num_layers),
@@ -93,7 +115,7 @@ class KVPool:
         self.head_dim = head_dim
         self.dtype = dtype
         self.device = torch.device(device)
-        self.debug = debug
+        self.debug = default_debug(self.device) if debug is None else debug
         shape = (num_slots, num_kv_heads, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]

@@ -89,7 +89,8 @@ def tree_segment(
     """One tree-decode depth for all branches of one request.
 
     Branch b forks from the shared path after `context_lens[b]` tokens and has fed `s` tokens of
-    its own so far, this depth's included (Saguaro's fork/tree decode, DESIGN.md §1): it sees
+    its own so far, this depth's included (Saguaro's fork/tree decode, docs/design.md#one-round): it
+    sees
     `context_slots[:context_lens[b]]` and its own `branch_slots[b, :s]`, nothing of other
     branches.
 

@@ -1,6 +1,6 @@
 """Pre-speculation: build next round's speculation cache while the target verifies this one.
 
-For every request with an outstanding draft (DESIGN.md §1, paper §4):
+For every request with an outstanding draft (docs/design.md#one-round, paper §4):
 1. glue decode: feed the unfed rest of committed + draft in one forward, which reveals the
    draft's most likely bonus candidates at every fork point k (accept length);
 2. fork: at each k, the top F_k of those candidates other than d_{k+1} become branches;
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from sglang_ssd.saguaro import SpeculationCache
-from sglang_ssd.speculator.drafting import DraftSample, pad_rows, sample_drafts
+from sglang_ssd.speculator.drafting import DraftSample, draft_probs_at, pad_rows, sample_drafts
 from sglang_ssd.speculator.fanout_plan import FanoutPlan
 from sglang_ssd.speculator.packing import causal_segment, pack, run_packed, tree_segment
 from sglang_ssd.speculator.runtimes import DraftRuntime
@@ -45,8 +45,8 @@ def prespeculate(
     """
     glue_decode(model, states, plan)
     forks = []
-    for s in states:
-        ks, ts = fork(s, plan)
+    for s, fanout in zip(states, plan.fanouts(states), strict=True):
+        ks, ts = fork(s, fanout)
         if ks:
             slots = model.kv_pool.alloc(len(ks) * tree_depth).view(len(ks), tree_depth)
             forks.append(_Fork(s, ks, ts, slots))
@@ -99,13 +99,17 @@ def glue_decode(model: DraftRuntime, states: list[RequestState], plan: FanoutPla
         num_cand = plan.num_candidates(depth)
         picked = torch.stack([rows_of[x] for x in r]).float()
         top = torch.topk(picked, k=num_cand, dim=-1).indices
+        top_probs = draft_probs_at(picked, [s] * len(r), top)
         if s.draft.candidates is None:
-            s.draft.candidates = top
+            s.draft.candidates, s.draft.probs = top, top_probs
+            drafted = torch.tensor(s.draft.tokens, dtype=torch.int64, device=picked.device)
+            s.draft.token_probs = draft_probs_at(picked[:depth], [s] * depth, drafted.view(-1, 1))
+            s.draft.token_probs = s.draft.token_probs.view(-1)
         else:
-            s.draft.candidates = pad_rows(
-                [*list(s.draft.candidates[:depth]), top[0]],
-                max(num_cand, s.draft.candidates.shape[1]),
-            )
+            width = max(num_cand, s.draft.candidates.shape[1])
+            s.draft.candidates = pad_rows([*list(s.draft.candidates[:depth]), top[0]], width)
+            if s.draft.probs is not None:
+                s.draft.probs = pad_rows([*list(s.draft.probs[:depth]), top_probs[0]], width, 0.0)
 
 
 def glue_waves(state: RequestState, n: int) -> list[tuple[int, int]]:
@@ -123,12 +127,13 @@ def glue_waves(state: RequestState, n: int) -> list[tuple[int, int]]:
     return [(0, first)] + [(i, i + 1) for i in range(first, n)]
 
 
-def fork(state: RequestState, plan: FanoutPlan) -> tuple[list[int], list[int]]:
-    """The (k, t) outcomes to pre-speculate: top F_k candidates at each k, minus d_{k+1}."""
+def fork(state: RequestState, fanout: list[int]) -> tuple[list[int], list[int]]:
+    """The (k, t) outcomes to pre-speculate: top F_k candidates at each k, minus d_{k+1}
+    (`fanout`: F_0..F_D of this draft, `FanoutPlan.fanouts`)."""
     draft = state.draft
     ks: list[int] = []
     ts: list[int] = []
-    for k, f in enumerate(plan.fanout(draft.depth)):
+    for k, f in enumerate(fanout[: draft.depth + 1]):
         if f == 0:
             continue
         row = draft.candidates[k]
@@ -186,6 +191,8 @@ def _tree_decode(
                 tokens=sample.tokens[offset : offset + n],
                 q=sample.q[offset : offset + n],
                 candidates=sample.candidates[offset : offset + n],
+                probs=sample.probs[offset : offset + n],
+                token_probs=sample.token_probs[offset : offset + n],
             )
             drawn[i].append(part)
             fed[i] = part.tokens
@@ -201,5 +208,14 @@ def _populate(cache: SpeculationCache, f: _Fork, steps: list[DraftSample]) -> No
         probs = torch.stack([torch.stack(d.q) for d in steps], dim=1)  # [N, D, V]
     cands = torch.stack([d.candidates for d in steps], dim=1)  # [N, D, C]
     cands = torch.cat([cands, torch.full_like(cands[:, :1], -1)], dim=1)
+    cand_probs = torch.stack([d.probs for d in steps], dim=1)  # [N, D, C]
+    cand_probs = torch.cat([cand_probs, torch.zeros_like(cand_probs[:, :1])], dim=1)
     cache.populate(f.state.rid, f.ks, f.ts, tokens, probs)
-    f.state.branches = Branches(ks=f.ks, bonus=f.ts, slots=f.slots, candidates=cands)
+    f.state.branches = Branches(
+        ks=f.ks,
+        bonus=f.ts,
+        slots=f.slots,
+        candidates=cands,
+        probs=cand_probs,
+        token_probs=torch.stack([d.token_probs for d in steps], dim=1),  # [N, D]
+    )

@@ -2,14 +2,17 @@
 
 A Step is answered at once (cache lookups and the target's chosen backup for misses); in async
 mode the speculator then builds the next round's speculation cache while the target verifies
-(DESIGN.md §2). An Open only registers the request: its prefill is fed in chunks while no
+(docs/design.md#the-two-processes). An Open only registers the request: its prefill is fed in chunks
+while no
 message waits (`SpeculatorEngine.advance_prefill`), and a Step never waits for more than one
 chunk of it. Bad input from the link is logged and answered, never fatal.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -18,6 +21,7 @@ import msgspec
 import torch
 
 from sglang_ssd.phases import PhaseTimer
+from sglang_ssd.placement import machine_cpus, widened
 from sglang_ssd.speculator.engine import OutcomeIn, SpeculatorEngine
 from sglang_ssd.speculator.parent import parent_alive
 from sglang_ssd.speculator.state import Draft
@@ -54,6 +58,8 @@ class SpeculatorServer:
         self.link = link
         self.engine = engine
         self.parent_pid = parent_pid
+        # The speculator's own cores: a sync round's Step widens it for its draft, then back.
+        self.own_cpus = sorted(os.sched_getaffinity(0))
         self._forwards_reported = engine.model.forward_count  # draft forwards told the target
         # Each Step's work, measured once: `lookup` (outcomes and features in), `backup`
         # (serving the drafts), `send`, and `build` (pre-speculation after the Step). Totals
@@ -116,7 +122,7 @@ class SpeculatorServer:
                 s.top_p,
                 s.seed,
                 prefill=False,
-                first_round=msg.prespeculate and self.engine.config.mode == "async",
+                first_round=msg.prespeculate,
             )
         elif isinstance(msg, Close):
             self.engine.close(msg.rid)
@@ -138,7 +144,7 @@ class SpeculatorServer:
             engine.build_depth = step.tree_depth  # for every build until the next Step
             engine.apply_outcomes(outcomes)
             self._add_features(step)
-        with steps.phase("backup"):
+        with steps.phase("backup"), self._cores(step.draft_cpus):
             drafts = self._timed_rest(
                 "serve", lambda: engine.serve(step.requests, step.backup, engine.config.lookahead)
             )
@@ -148,9 +154,20 @@ class SpeculatorServer:
         engine.phases.add("send", send_s)
         steps.add("send", send_s)
         steps.last["build"] = 0.0  # until this Step's build, none ran after it
-        if engine.config.mode == "async" and step.prespeculate:
+        if step.prespeculate:
             with steps.phase("build"):
                 self._timed_rest("build", lambda: engine.build(step.requests))
+
+    def _cores(self, cpus: list[int]) -> contextlib.AbstractContextManager[None]:
+        """Within the block this process runs on `cpus` with as many torch threads (a sync
+        round's draft on every core: `worker.core_lending`), then on its own cores again;
+        `cpus` empty or naming a core it may not use: its own (logged)."""
+        if not cpus or not self.own_cpus or sorted(cpus) == self.own_cpus:
+            return contextlib.nullcontext()
+        if not set(cpus) <= set(machine_cpus()):
+            logger.warning("SSD speculator: cannot draft on CPUs %s; drafting on its own", cpus)
+            return contextlib.nullcontext()
+        return widened(self.own_cpus, cpus)
 
     def _add_features(self, step: Step) -> None:
         """The Step's target features (an EAGLE-3 head draft; the link received the tensor with

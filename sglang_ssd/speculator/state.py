@@ -48,12 +48,17 @@ class Draft:
             or all accepted, k = D) the draft's most likely bonus tokens, best first, padded
             with -1. Row D is filled by glue decode.
         source: "cache", "jit", "ngram", "random" (or "prefill": the empty first-round draft).
+        probs: float32 [D + 1, C] or None: the draft's probability of each of `candidates` (0 at
+            padding), filled with them; the outcome model (`saguaro.outcome_model`) reads it.
+        token_probs: float32 [D] or None: the draft's probability of each d_j where it was drawn.
     """
 
     tokens: list[int]
     q: torch.Tensor | None
     candidates: torch.Tensor | None
     source: str
+    probs: torch.Tensor | None = None
+    token_probs: torch.Tensor | None = None
 
     @property
     def depth(self) -> int:
@@ -65,13 +70,16 @@ class Branches:
     """The pre-speculated branches of one request for the current round (owned KV slots).
 
     Row i belongs to outcome (ks[i], bonus[i]); `slots[i]` holds the K/V of [bonus, e_1 ..
-    e_{D-1}]; `candidates[i]` is [D + 1, C] for the next fork.
+    e_{D-1}]; `candidates[i]` is [D + 1, C] for the next fork, `probs[i]` ([D + 1, C]) the
+    draft's probabilities of those candidates and `token_probs[i]` ([D]) of its own tokens.
     """
 
     ks: list[int]
     bonus: list[int]
     slots: torch.Tensor
     candidates: torch.Tensor
+    probs: torch.Tensor | None = None
+    token_probs: torch.Tensor | None = None
 
 
 @dataclass
@@ -143,7 +151,7 @@ class RequestState:
 
     @property
     def is_greedy(self) -> bool:
-        """SGLang's greedy rule: top_k == 1 or temperature ~ 0 (DESIGN.md §1)."""
+        """SGLang's greedy rule: top_k == 1 or temperature ~ 0 (docs/design.md#greedy-requests)."""
         return self.top_k == 1 or self.temperature < GREEDY_TEMPERATURE_EPS
 
     @property

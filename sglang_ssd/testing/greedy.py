@@ -1,4 +1,4 @@
-"""Greedy-equality checks with the numerics rule of DESIGN.md §1.
+"""Greedy-equality checks with the numerics rule of docs/design.md#the-greedy-rule.
 
 Greedy outputs must match token for token. The only allowed exception is a position where the
 target's top-2 logit margin, recomputed in fp32 on the common context, is below ε: there bf16

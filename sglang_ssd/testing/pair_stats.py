@@ -113,10 +113,11 @@ def pair_stats(
     tokens: int = 64,
     lookahead: int = DEFAULT_LOOKAHEAD,
     runtime: str = "torch",
+    fanout: str = SSDConfig.fanout,
 ) -> PairStats:
-    """Run greedy SSD rounds (γ = `lookahead`, default fan-out) on each prompt and count, the
-    draft run by the draft runtime `runtime` (`--ssd-draft-runtime`; float32 where it has a
-    dtype).
+    """Run greedy SSD rounds (γ = `lookahead`, fan-out shape `fanout`, default budget) on each
+    prompt and count, the draft run by the draft runtime `runtime` (`--ssd-draft-runtime`;
+    float32 where it has a dtype).
 
     Raises:
         ValueError: on a prompt character outside the tiny vocabulary, or an unknown runtime.
@@ -126,7 +127,7 @@ def pair_stats(
     target = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32)
     request = LoadRequest(str(draft_dir), str(target_dir), "cpu", "float32", 8192, 0.5)
     model = create_draft_runtime(runtime, request)
-    engine = SpeculatorEngine(model, SSDConfig(lookahead=lookahead), seed=0)
+    engine = SpeculatorEngine(model, SSDConfig(lookahead=lookahead, fanout=fanout), seed=0)  # type: ignore[arg-type]
     total = PairStats()
     for text in prompts:
         output, stats = _run_prompt(engine, target, tokenize(text), tokens)

@@ -79,8 +79,9 @@ class LinkAddress(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class ReceivedDrafts(NamedTuple):
-    """A `Drafts` reply with its tensors: tokens int64 [B, Dmax] (-1 padded), q [Bq, Dmax, W]
-    and the ids of q's W columns, int64 [W] on the CPU (None: W = V, every id in order)."""
+    """A `Drafts` reply with its tensors: tokens int64 [B, Dmax] (-1 padded) on the CPU, q
+    [Bq, Dmax, W] on the link's device and the ids of q's W columns, int64 [W] on the CPU
+    (None: W = V, every id in order)."""
 
     drafts: Drafts
     tokens: torch.Tensor
@@ -107,7 +108,9 @@ def feature_spec(step: Step) -> TensorSpec | None:
 def check_draft_tensors(drafts: Drafts, tokens: torch.Tensor, q: torch.Tensor | None) -> str:
     """Why ``tokens``/``q`` do not match ``drafts``, or "" when they do.
 
-    Row i holds entries[i].depth token ids in [0, vocab_size), then -1 up to max_depth.
+    Row i holds entries[i].depth token ids in [0, vocab_size), then -1 up to max_depth. The
+    ids are read on the host: a device `tokens` costs one device-to-host copy (pass host
+    tokens where the caller has them).
     """
     specs = draft_specs(drafts)
     got = [tokens] if q is None else [tokens, q]
@@ -116,8 +119,9 @@ def check_draft_tensors(drafts: Drafts, tokens: torch.Tensor, q: torch.Tensor | 
     for name, tensor, (shape, dtype) in zip(("tokens", "q"), got, specs, strict=False):
         if tuple(tensor.shape) != shape or tensor.dtype != dtype:
             return f"{name} is {tuple(tensor.shape)} {tensor.dtype}, expected {shape} {dtype}"
-    depth = torch.tensor([e.depth for e in drafts.entries], device=tokens.device)
-    inside = torch.arange(drafts.max_depth, device=tokens.device) < depth[:, None]
+    tokens = tokens.cpu()
+    depth = torch.tensor([e.depth for e in drafts.entries])
+    inside = torch.arange(drafts.max_depth) < depth[:, None]
     valid = (tokens >= 0) & (tokens < drafts.vocab_size)
     if not torch.where(inside, valid, tokens == -1).all():
         return "tokens must be ids in [0, vocab_size) up to each depth and -1 after"
@@ -286,7 +290,8 @@ class TargetLink:
             return False
         if isinstance(msg, Drafts):
             received = self.tensors.recv(draft_specs(msg))  # always, to stay in step
-            tokens, q = received[0], received[1] if len(received) > 1 else None
+            # The target reads the ids on the host (`drafts_reply`): one copy, checked there.
+            tokens, q = received[0].cpu(), received[1] if len(received) > 1 else None
             reason = self._reject_drafts(msg) or check_draft_tensors(msg, tokens, q)
             if reason:
                 logger.warning("SSD target: discarded Drafts step %d: %s", msg.step_id, reason)

@@ -61,7 +61,10 @@ from sglang_ssd.transport.wire import Message as _Message
 # 11: Hello.q_columns and Drafts.q_columns: q travels at the draft vocabulary's width.
 # 12: Step.prespeculate (False: no build after this Step, a sync round) and
 # SSDConfig.sync_rounds (`--ssd-sync-rounds`, a live setting).
-PROTOCOL_VERSION = 12
+# 13: Step.draft_cpus (a sync round's draft on every core); SSDConfig.mode is live and takes
+# auto / plain; SSDConfig.plain_rounds, prefill_lend_tokens and sync_rounds are gone;
+# SSDConfig.fanout takes predicted.
+PROTOCOL_VERSION = 13
 
 Role = Literal["target", "speculator"]
 StepBackup = Literal[backup_names()]  # type: ignore[valid-type]  # `saguaro.draft_kinds`
@@ -179,10 +182,11 @@ class Step(_Message, tag="step"):
     batch order) that need a draft now; backup: the fallback the target chose for misses;
     tree_depth: D for the pre-speculation after this Step (`DepthTuner`), 0 = the speculator's
     configured depth. prespeculate: False for a round drafted just in time (a sync round, or
-    `--ssd-mode sync`): no pre-speculation follows this Step. features: spans of target
-    features for an EAGLE-3 head draft; their tensor, `feature_dtype` [Σ count,
-    feature_size] in span order, follows on the tensor link (`link.feature_spec`). Every Step
-    is answered by exactly one `Drafts` with the same step_id.
+    `--ssd-mode sync`): no pre-speculation follows this Step. draft_cpus: the cores this
+    Step's drafts run on (a sync round: every core both processes hold), empty for the
+    speculator's own. features: spans of target features for an EAGLE-3 head draft; their
+    tensor, `feature_dtype` [Σ count, feature_size] in span order, follows on the tensor link
+    (`link.feature_spec`). Every Step is answered by exactly one `Drafts` with the same step_id.
     """
 
     step_id: Id
@@ -191,6 +195,9 @@ class Step(_Message, tag="step"):
     backup: StepBackup
     tree_depth: Annotated[int, Meta(ge=0, le=MAX_DEPTH)] = 0
     prespeculate: bool = True
+    draft_cpus: Annotated[list[Annotated[int, Meta(ge=0)]], Meta(max_length=4096)] = msgspec.field(
+        default_factory=list
+    )
     features: Annotated[list[FeatureSpan], Meta(max_length=MAX_BATCH)] = msgspec.field(
         default_factory=list
     )
@@ -200,6 +207,8 @@ class Step(_Message, tag="step"):
     def __post_init__(self) -> None:
         unique("Step.outcomes", [o.rid for o in self.outcomes])
         unique("Step.requests", self.requests)
+        if len(set(self.draft_cpus)) != len(self.draft_cpus):
+            raise ValueError("Step.draft_cpus names a core more than once")
         if self.features and self.feature_size < 1:
             raise ValueError("Step.features needs feature_size >= 1")
         if self.feature_rows() * self.feature_size * 4 > MAX_TENSOR_BYTES:

@@ -33,6 +33,7 @@ logger = logging.getLogger(__name__)
 Backend = Literal["gloo", "nccl"]
 TensorSpec = tuple[tuple[int, ...], torch.dtype]  # (shape, dtype) of one tensor to receive
 TARGET_RANK, SPECULATOR_RANK = 0, 1
+FIRST_USE_MARK = 0x55D0  # + the sender's rank: the value each side sends in `_first_use`
 
 
 @dataclass
@@ -102,6 +103,11 @@ class TensorLink:
         except (RuntimeError, ValueError) as err:  # DistStoreError / DistNetworkError included
             kind = TransportTimeout if _is_timeout(err) else TransportError
             raise kind(f"tensor link ({backend}, rank {rank}) failed to start: {err}") from err
+        try:
+            self._first_use()
+        except TransportError:
+            self.close()
+            raise
 
     @classmethod
     def connect(
@@ -151,6 +157,29 @@ class TensorLink:
         )
         self.received.add(sum(t.nbytes for t in live), time.perf_counter() - start)
         return out
+
+    def _first_use(self) -> None:
+        """One small tensor each way (target first) before the link is up. torch's NCCL group
+        builds the communicator of a lone send/recv lazily, at its first use
+        (`ProcessGroupNCCL::pointToPoint`), apart from the one `eager_connect_single_device`
+        built: without this exchange the first round would pay its initialisation. Gloo runs
+        the same exchange, so the CPU tests cover this code. Not counted in `sent`/`received`.
+
+        Raises:
+            TransportTimeout / TransportError: the peer did not answer / answered wrongly.
+        """
+        out = torch.tensor([FIRST_USE_MARK + self.rank], dtype=torch.int64, device=self.device)
+        got = torch.zeros(1, dtype=torch.int64, device=self.device)
+        steps = [
+            (lambda: [self._group.send([out], self.peer, 0)], "first send"),
+            (lambda: [self._group.recv([got], self.peer, 0)], "first recv"),
+        ]
+        if self.rank == SPECULATOR_RANK:  # the speculator answers the target's send
+            steps.reverse()
+        for post, what in steps:
+            self._wait(post, what)
+        if int(got.item()) != FIRST_USE_MARK + self.peer:
+            raise TransportError(f"tensor link first use: got {int(got.item())} from the peer")
 
     def _placed(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.detach().to(self.device, non_blocking=False).contiguous()

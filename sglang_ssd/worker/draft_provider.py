@@ -32,7 +32,8 @@ class DraftSupplier(Protocol):
 class LocalNgramProvider:
     """Point-mass n-gram drafts from each request's own tokens, computed on the target.
 
-    Used while the speculator is unavailable (DESIGN.md §1: the target keeps serving with its
+    Used while the speculator is unavailable (docs/design.md#when-the-speculator-is-down: the target
+    keeps serving with its
     own `NgramSpeculator`); exact because n-gram tokens do not depend on the target's RNG.
     """
 
@@ -49,7 +50,7 @@ def ngram_drafts(
     ngram: NgramSpeculator, sequences: Sequence[Sequence[int]], depth: int
 ) -> DraftBatch:
     """Point-mass drafts from each request's own tokens (the target's fallback while the
-    speculator is down; DESIGN.md §1)."""
+    speculator is down; docs/design.md#when-the-speculator-is-down)."""
     tokens = ngram.propose_batch(sequences, depth).to(torch.int64)
     b = len(sequences)
     return DraftBatch(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -169,27 +169,59 @@ class RoundTimer:
         )
 
 
+# On CUDA, one round in `PHASE_SAMPLE_EVERY` synchronises the device at every phase boundary
+# (its phases hold their own GPU time); the others synchronise once, at the round's end.
+PHASE_SAMPLE_EVERY = 8
+# Phases that keep their host-clock time on a round that does not sample phases: the device is
+# idle when the round starts (the previous one ended on a sync), and the gap is host time.
+_HOST_PHASES = ("scheduler", "wait_draft")
+
+
 class RoundClock:
     """One decode round's phases at a time, and the scheduler's time between rounds.
 
-    `start` opens a round: its phases go to a fresh `PhaseTimer` (synchronising `device` at
-    phase boundaries on CUDA), which begins with `scheduler`, the time SGLang spent since the
-    previous decode round ended (not after a prefill, `prefill`, whose time is its own). Once
-    `SSDWorker._decode` knows what the round was, its phases are added to that kind of round's
-    `RoundTimer`.
+    `start` opens a round: its phases go to a fresh `PhaseTimer`, which begins with
+    `scheduler`, the time SGLang spent since the previous decode round ended (not after a
+    prefill, `prefill`, whose time is its own). Once `SSDWorker._decode` knows what the round
+    was, its phases are added to that kind of round's `RoundTimer`.
+
+    On a CUDA device (or with `sync` given) a round either samples phases, synchronising at
+    every phase boundary (the first round, then one in `sample_every`), or synchronises once,
+    in `stop`: its round time is then exact and its device phases (all but `_HOST_PHASES`) are
+    that time split as in the latest sampled round. `spent` reads 0.0 (not measured) on such a
+    round. On the CPU every round is measured exactly, without syncs.
     """
 
-    def __init__(self, device: Any = "cpu") -> None:
-        self.sync = device_sync(device)
+    def __init__(
+        self,
+        device: Any = "cpu",
+        sample_every: int = PHASE_SAMPLE_EVERY,
+        sync: Callable[[], None] | None = None,
+    ) -> None:
+        """`sync`: the device synchronise to use instead of `device`'s (None: `device`'s,
+        none on the CPU); `sample_every` >= 1.
+
+        Raises:
+            ValueError: when `sample_every` < 1.
+        """
+        if sample_every < 1:
+            raise ValueError(f"sample_every must be >= 1, got {sample_every}")
+        self.sync = sync if sync is not None else device_sync(device)
+        self.sample_every = sample_every
+        self.sampled = True  # whether the open round synchronises at its phase boundaries
+        self.rounds = 0  # rounds started
         self.phases = PhaseTimer(self.sync)
         self.gap_s = 0.0  # the latest scheduler time between two decode rounds
         self._start = 0.0
         self._last_end: float | None = None
+        self._split: dict[str, float] = {}  # the latest sampled round's device phases, fractions
 
     def start(self) -> PhaseTimer:
         """Open a round; returns its phase timer."""
         self._start = time.perf_counter()
-        self.phases = PhaseTimer(self.sync)
+        self.sampled = self.sync is None or self.rounds % self.sample_every == 0
+        self.rounds += 1
+        self.phases = PhaseTimer(self.sync if self.sampled else None)
         if self._last_end is not None:
             self.gap_s = self._start - self._last_end
             self.phases.add("scheduler", self.gap_s)
@@ -201,9 +233,24 @@ class RoundClock:
         return time.perf_counter() - self._start + self.gap_s
 
     def stop(self) -> dict[str, float]:
-        """Close the round; returns its seconds by phase."""
+        """Close the round (a round that does not sample phases synchronises here); returns its
+        seconds by phase."""
+        if not self.sampled and self.sync is not None:
+            self.sync()
         self._last_end = time.perf_counter()
-        return self.phases.take()
+        seconds = self.phases.take()
+        device = {k: v for k, v in seconds.items() if k not in _HOST_PHASES}
+        if self.sampled:
+            total = sum(device.values())
+            if total > 0:
+                self._split = {k: v / total for k, v in device.items()}
+            return seconds
+        busy = self._last_end - self._start - seconds.get("wait_draft", 0.0)
+        weights = self._split if self._split.keys() == device.keys() else device
+        norm = sum(weights.values())
+        for name, weight in weights.items():
+            seconds[name] = busy * weight / norm if norm > 0 else 0.0
+        return seconds
 
     def prefill(self) -> None:
         """A prefill ran: the next decode round's gap is not scheduler time."""
@@ -211,7 +258,10 @@ class RoundClock:
         self.gap_s = 0.0
 
     def spent(self, names: Sequence[str]) -> float:
-        """Seconds of the open round in the phases `names`."""
+        """Seconds of the open round in the phases `names`; 0.0 (not measured) on a round that
+        does not sample phases."""
+        if not self.sampled:
+            return 0.0
         return sum(self.phases.seconds.get(name, 0.0) for name in names)
 
 

@@ -1,36 +1,37 @@
 """What each decode round does, decided on the target side: `RoundPlanner`.
 
-`SSDWorker` asks the planner once per round for the round's mode (speculate, or a plain round:
-`RoundModePolicy`) and, for a speculative round, its kind (pre-speculated, or a sync round
-drafted just in time with the speculator's cores lent to the verify: `SyncRoundPolicy`); in a
-speculative round the speculator client asks it for the Step's backup (`FallbackPolicy`, the
-cache-miss option for this batch size) and tree depth D (`DepthTuner`) when it sends the
-Step. The planner learns from what the round measured: the speculator's build timings as Drafts
-arrive, then the verified outcomes, then the round's wall time. It holds no link and no request
-state (that is `speculator_client`), so it is tested without a process.
+`SSDWorker` asks the planner once per round for the round's arrangement of the cores (async,
+sync or plain: `ArrangementPolicy`, from measured rates per batch-size bucket) and whether a
+prefill runs on the speculator's cores too (`prefill_lends_cores`); in a speculative round the
+speculator client asks it for the Step's backup (`FallbackPolicy`, the cache-miss option for
+this batch size) and tree depth D (`DepthTuner`) when it sends the Step. The planner learns
+from what the round measured: the speculator's build timings as Drafts arrive, then the
+verified outcomes, then the round's wall time. It holds no link, no process and no request
+state (those are `speculator_client` and `core_lending`), so it is tested without a process.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from sglang_ssd.config import SSDConfig
+from sglang_ssd.config import CYCLE_ENV, SSDConfig
 from sglang_ssd.saguaro import Backup, BackupStats, FallbackPolicy, draft_kinds
 from sglang_ssd.saguaro.self_tuning import DepthTuner
 from sglang_ssd.transport import SpeculatorTiming
+from sglang_ssd.worker.arrangement_policy import ArrangementPolicy
 from sglang_ssd.worker.draft_batch import DraftBatch
-from sglang_ssd.worker.round_mode import (
-    RoundMode,
-    RoundModePolicy,
-    record_request_tokens,
-    request_accept_length,
-)
-from sglang_ssd.worker.sync_rounds import SYNC, SyncRoundPolicy
+from sglang_ssd.worker.round_mode import Arrangement, offered
 from sglang_ssd.worker.tp_sync import RoundPlan
 
 ALL_TOKENS_LEFT = 1 << 30  # tokens left of a request without max_new_tokens
+# A prefill of at least this many new tokens runs on the speculator's cores too while async is
+# held (the speculator is stopped meanwhile and prefills the draft after it): the size measured
+# best (docs/benchmarks.md, "Lending the speculator's core to long prefills"). Under sync or
+# plain the speculator is idle between rounds, so every prefill does.
+PREFILL_LEND_TOKENS = 128
 
 
 def default_policy(config: SSDConfig) -> FallbackPolicy:
@@ -66,8 +67,8 @@ class DraftSource(Protocol):
 @dataclass(frozen=True)
 class StepChoice:
     """What one Step asks of the speculator: `backup` (a `Backup` value) on a cache miss,
-    `tree_depth` D of the build after it (0 in sync mode) and whether that build runs
-    (`prespeculate`: False in sync mode and in sync rounds)."""
+    `tree_depth` D of the build after it (0 in a sync round) and whether that build runs
+    (`prespeculate`: False in a sync round, drafted just in time on every core)."""
 
     backup: str
     tree_depth: int
@@ -79,53 +80,58 @@ class RoundPlanner:
 
     Attributes:
         policy: the cache-miss policy (`/ssd/stats`' `fallback` reads it).
-        round_mode: speculate or plain (`--ssd-plain-rounds`).
-        sync_rounds: a speculative round pre-speculated or drafted just in time with the cores
-            lent (`--ssd-sync-rounds`).
+        arrangements: each round's arrangement (`--ssd-mode`, live).
         tuner: D per build: self-tuned unless `--ssd-tree-depth` (or `POST /ssd/config`) pins it.
+
+    Args:
+        config: the settings in force.
+        target_device: where the target runs ("cpu", "cuda:N"): what `auto` offers there.
+
+    Raises:
+        ValueError: on a mode the device cannot serve (`round_mode.mode_refusal`).
     """
 
-    def __init__(self, config: SSDConfig) -> None:
-        self.sync = config.mode == "sync"  # not a live setting: fixed for the server's life
+    def __init__(self, config: SSDConfig, target_device: str = "cpu") -> None:
+        self.target_device = target_device
         self.policy = default_policy(config)
-        self.round_mode = RoundModePolicy(config.plain_rounds)
-        self.sync_rounds = SyncRoundPolicy(config.sync_rounds)
-        self._sync_round = False  # the round being planned is a sync round
-        self._last_sync: bool | None = None  # the kind of the last speculative round
+        self.arrangements = ArrangementPolicy(
+            offered(config.mode, target_device), cycle=os.environ.get(CYCLE_ENV) == "1"
+        )
+        self._arrangement = Arrangement.ASYNC  # of the round being planned
+        self._lookahead = config.lookahead
+        self._full_chain = True  # every request of that round could take γ + 1 tokens
         self.tuner = DepthTuner(config.lookahead, pinned=config.tree_depth)
-        self.prefill_lend_tokens = config.prefill_lend_tokens
-        self._last_mode: RoundMode | None = None
-        self._modes_seen: set[RoundMode] = set()  # a mode's first round pays one-time costs
 
     # ------------------------------------------------------------ decisions
-    def plan(self, reqs: Sequence[Any]) -> RoundMode:
-        """The mode of the next decode round of `reqs` (SGLang `Req`s, batch order; >= 1).
+    def plan(self, reqs: Sequence[Any]) -> Arrangement:
+        """The arrangement of the next decode round of `reqs` (SGLang `Req`s, batch order).
 
         Raises:
-            ValueError: on an empty batch (`RoundModePolicy.choose`).
+            ValueError: on an empty batch.
         """
-        return self.round_mode.choose(
-            [_tokens_left(req) for req in reqs], [request_accept_length(req) for req in reqs]
-        )
+        if not reqs:
+            raise ValueError("a decode round needs at least one request")
+        left = [_tokens_left(req) for req in reqs]
+        self._full_chain = min(left) > self._lookahead
+        return self.arrangements.choose(len(reqs), max(left))
 
     def plan_round(self, reqs: Sequence[Any], client: DraftSource) -> RoundPlan:
-        """The next decode round of `reqs` (SGLang `Req`s, batch order; >= 1): its mode
+        """The next decode round of `reqs` (SGLang `Req`s, batch order; >= 1): its arrangement
         (`plan`) and, when it speculates, `client`'s drafts for the Step it shapes (the
         speculator's, or the client's own n-gram drafts after a timeout or fault); a plain
         round has none."""
-        mode = self.plan(reqs)
-        if mode == RoundMode.PLAIN:
-            return RoundPlan(mode, DraftBatch.plain(len(reqs)))
-        self._sync_round = not self.sync and self.sync_rounds.choose(len(reqs))
-        return RoundPlan(mode, client.drafts(reqs, self), sync=self._sync_round)
+        self._arrangement = arrangement = self.plan(reqs)
+        if arrangement == Arrangement.PLAIN:
+            return RoundPlan(arrangement, DraftBatch.plain(len(reqs)))
+        return RoundPlan(arrangement, client.drafts(reqs, self))
 
     def step(self, batch_size: int) -> StepChoice:
         """The backup and D of the Step the client sends now for `batch_size` (>= 1) requests.
 
         Asked only when a Step goes out (the tuner's choice moves its state, so a round served
-        by the target's own drafts chooses nothing). Sync mode and sync rounds: JIT and no build.
+        by the target's own drafts chooses nothing). A sync round: JIT and no build.
         """
-        if self.sync or self._sync_round:
+        if self._arrangement == Arrangement.SYNC:
             return StepChoice(backup=draft_kinds.JIT, tree_depth=0, prespeculate=False)
         backup = self.policy.choose(batch_size)
         return StepChoice(backup=backup.value, tree_depth=self._choose_depth(batch_size, backup))
@@ -146,29 +152,35 @@ class RoundPlanner:
 
     @property
     def tree_depth(self) -> int:
-        """The D in force: the tuner's (self-tuned or pinned), 0 in sync mode (no builds)."""
-        return 0 if self.sync else self.tuner.depth
+        """The D in force: the tuner's (self-tuned or pinned); 0 while only sync is offered
+        (no builds)."""
+        return 0 if self.arrangements.offered == (Arrangement.SYNC,) else self.tuner.depth
 
-    def prefill_lends_cores(self, new_tokens: int) -> bool:
-        """Whether a prefill forward of `new_tokens` (the batch's uncached input tokens) runs on
-        the speculator's cores too: while plain rounds are the mode in use (the speculator is
-        idle then), or when it has at least `--ssd-prefill-lend-tokens`: the speculator is
-        stopped meanwhile and prefills the draft after it, so the first round may wait for that,
-        but on the 2-core CPU the target's prefill halves (a 246-token prompt: 3.1 s → 1.8 s)
-        while the 0.5B int8 draft's takes a quarter of it (0.8 s)."""
-        lend = self.prefill_lend_tokens
-        return self.round_mode.plain_now or (lend > 0 and new_tokens >= lend)
+    def held(self, batch_size: int) -> Arrangement | None:
+        """The arrangement held at `batch_size`'s bucket (None while it calibrates)."""
+        return self.arrangements.held(batch_size)
+
+    def prefill_lends_cores(self, new_tokens: int, batch_size: int) -> bool:
+        """Whether a prefill forward of `new_tokens` (the batch's uncached input tokens) for
+        `batch_size` requests runs on the speculator's cores too: when the arrangement held at
+        that batch size is not async (the speculator idles between rounds then), or the
+        prefill has at least `PREFILL_LEND_TOKENS` (the speculator is stopped meanwhile and
+        prefills the draft after it: on the 2-core CPU the target's prefill halves, a
+        246-token prompt 3.1 s → 1.8 s, while the 0.5B int8 draft's takes a quarter of it)."""
+        held = self.arrangements.held(max(batch_size, 1))
+        if self.arrangements.offered == (Arrangement.ASYNC,) or held == Arrangement.ASYNC:
+            return new_tokens >= PREFILL_LEND_TOKENS
+        return True
 
     @property
     def plain_rounds(self) -> int:
         """Plain rounds chosen since start."""
-        return self.round_mode.rounds[RoundMode.PLAIN]
+        return self.arrangements.rounds[Arrangement.PLAIN]
 
     @property
     def sync_rounds_run(self) -> int:
-        """Sync rounds chosen since start (`--ssd-sync-rounds`; none under `--ssd-mode sync`,
-        whose rounds are all drafted just in time already: `plan_round` asks no policy)."""
-        return self.sync_rounds.rounds[SYNC]
+        """Sync rounds chosen since start."""
+        return self.arrangements.rounds[Arrangement.SYNC]
 
     # ------------------------------------------------------------ measurements
     def observe_build(self, timing: SpeculatorTiming) -> None:
@@ -191,7 +203,7 @@ class RoundPlanner:
             verify_s: the target's verify forward in seconds (None or 0: not measured).
             timing: the latest usable Drafts' timing (its build and backup seconds), None
                 before any arrived.
-            sync: a sync round (no pre-speculation before it, the verify on lent cores): its
+            sync: a sync round (no pre-speculation before it, the verify on every core): its
                 hit rate, verify time and build say nothing of pre-speculated rounds, so only
                 its backups' acceptance and latency are folded in.
         """
@@ -238,73 +250,54 @@ class RoundPlanner:
 
         A speculative round's outcomes go to `client` (sent with the next Step; a plain
         round's tokens reach the speculator as `Outcome.extra` instead) and into the policy's
-        and tuner's measurements (`observe_outcomes`), and each request's L_r. The round's wall
-        time goes to `RoundModePolicy` (and a speculative round's, with its tokens, to
-        `SyncRoundPolicy`), except a speculative round's right after plain ones (it pays the
-        switch: a cold cache), one whose kind (sync or not) differs from the speculative round
-        before it (an async round after a sync one has a cold cache, a sync round after an
-        async one may hit the cache built before it) and each mode's and kind's first round
-        since start (one-time costs; nor does such a round's accept length count).
+        and tuner's measurements (`observe_outcomes`). The round's wall time and tokens per
+        request go to the `ArrangementPolicy` (which skips switches and first rounds, and does
+        not rate a round where a request had γ or fewer tokens left: its limit, not the
+        arrangement, capped the tokens).
 
         Args:
             outcome: (k, bonus token) per request, batch order.
             verify_s: the verify batch's build and forward in seconds.
             round_s: the round's wall time in seconds (scheduler time before it included).
         """
+        if not reqs:
+            return
         accept_lens, bonus = outcome
-        cold = plan.mode == RoundMode.SPECULATE and self._last_mode == RoundMode.PLAIN
-        # A mode's first round since start (the startup warm-up's, usually) pays one-time
-        # costs: a first speculative round took 1.8 s at batch 1 against 0.45 s later.
-        first = plan.mode not in self._modes_seen
-        self._modes_seen.add(plan.mode)
-        self._last_mode = plan.mode
-        if not reqs or plan.mode != RoundMode.SPECULATE:
-            if reqs and not first:
-                self.round_mode.observe(plan.mode, len(reqs), round_s)
-            return
-        client.record_outcomes([req.rid for req in reqs], accept_lens, bonus)
-        self.observe_outcomes(
-            plan.drafts, accept_lens, verify_s, client.last_timing, sync=plan.sync
-        )
-        # A kind's first round since start is also a change of kind (from None, or from the
-        # only other kind): one test covers both.
-        kind_changed = plan.sync != self._last_sync
-        self._last_sync = plan.sync
-        if cold or first or kind_changed:
-            return
+        if plan.arrangement != Arrangement.PLAIN:
+            client.record_outcomes([req.rid for req in reqs], accept_lens, bonus)
+            self.observe_outcomes(
+                plan.drafts, accept_lens, verify_s, client.last_timing, sync=plan.sync
+            )
         mean_tokens = 1.0 + sum(accept_lens) / len(reqs)
-        self.sync_rounds.observe(plan.sync, len(reqs), round_s, mean_tokens)
-        self.round_mode.observe(plan.mode, len(reqs), round_s)
-        self.round_mode.observe_accept(len(reqs), mean_tokens)
-        for req, k in zip(reqs, accept_lens, strict=True):
-            record_request_tokens(req, k + 1)
+        if round_s > 0:
+            self.arrangements.observe(
+                plan.arrangement, len(reqs), round_s, mean_tokens, rated=self._full_chain
+            )
 
     # ------------------------------------------------------------ live settings
     def apply(self, changes: Mapping[str, Any], config: SSDConfig) -> None:
         """Live `changes` (already in `config`, the settings now in force) that steer the
-        planner: a pinned or self-tuned D, the plain-rounds and sync-rounds settings, the
-        backup mode, the prefill size that lends the speculator's cores."""
+        planner: a pinned or self-tuned D, the mode (what measured so far is kept), the backup.
+
+        Raises:
+            ValueError: a mode the target's device cannot serve (`round_mode.mode_refusal`).
+        """
+        if "mode" in changes:
+            self.arrangements.offered = offered(config.mode, self.target_device)
         if "tree_depth" in changes:  # 0 self-tunes again (the config holds None)
             self.tuner.pin(config.tree_depth)
-        if "plain_rounds" in changes:
-            self.round_mode.setting = changes["plain_rounds"]
-        if "sync_rounds" in changes:
-            self.sync_rounds.setting = changes["sync_rounds"]
-        if "prefill_lend_tokens" in changes:
-            self.prefill_lend_tokens = config.prefill_lend_tokens
         if "backup" in changes:
             self.policy.mode = Backup(changes["backup"]) if changes["backup"] != "auto" else "auto"
 
     def stats(self) -> dict[str, float | int | bool]:
-        """For `/ssd/stats`' `speculator`: the tuner's figures, the D in force and the round
-        modes and kinds chosen (`RoundModePolicy.stats`, `SyncRoundPolicy.stats`); counts are
-        ints."""
-        return {
-            **self.tuner.stats(),
-            "tree_depth": self.tree_depth,
-            **self.round_mode.stats(),
-            **self.sync_rounds.stats(),
-        }
+        """For `/ssd/stats`' `speculator`: the tuner's figures, the D in force and the rounds by
+        arrangement (`ArrangementPolicy.stats`); counts are ints."""
+        return {**self.tuner.stats(), "tree_depth": self.tree_depth, **self.arrangements.stats()}
+
+    def describe(self) -> str:
+        """The arrangement held and the rates behind it per measured bucket, for the decode
+        log line ("b<=1: sync (sync 7.60 tok/s = 3.40 / 0.447 s, ...)"; "" before any)."""
+        return "; ".join(self.arrangements.describe(int(b)) for b in self.arrangements.buckets())
 
 
 def _tokens_left(req: Any) -> int:

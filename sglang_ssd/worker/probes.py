@@ -1,9 +1,9 @@
 """When a measured choice re-probes the option it is not using: `ProbeSchedule`.
 
-The round policies (`round_mode`: speculate or plain; `sync_rounds`: pre-speculated or just in
-time) hold the option their measurements rate faster, but what they measured can go stale (the
-requests' text turns more or less predictable), so now and then they run the other option for a
-few rounds to measure it again. The intervals double while the probes confirm the choice
+The arrangement policy (`arrangement_policy`: async, sync or plain per batch-size bucket) holds
+the arrangement its measurements rate fastest, but what it measured can go stale (the requests'
+text turns more or less predictable), so now and then it runs another for a few rounds to
+measure it again. The intervals double while the probes confirm the choice
 (exponential backoff), so a settled choice pays little for them.
 """
 

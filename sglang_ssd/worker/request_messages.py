@@ -60,10 +60,12 @@ def step_message(
     choice: StepChoice,
     spans: list[FeatureSpan],
     features: torch.Tensor | None,
+    draft_cpus: list[int] | None = None,
 ) -> Step:
     """The Step asking drafts for `rids` (batch order), with the outcomes since the previous
-    one, the planner's `choice` (backup, tree depth) and the spans of `features` ([N, F] or
-    None: `FeatureBuffer.take`) that follow it on the tensor link.
+    one, the planner's `choice` (backup, tree depth), the spans of `features` ([N, F] or
+    None: `FeatureBuffer.take`) that follow it on the tensor link and the cores its drafts run
+    on (`draft_cpus`: None or empty for the speculator's own).
 
     Raises:
         ValueError: features of a dtype the link does not carry (`feature_dtype`).
@@ -75,6 +77,7 @@ def step_message(
         backup=choice.backup,
         tree_depth=choice.tree_depth,
         prespeculate=choice.prespeculate,
+        draft_cpus=list(draft_cpus or ()),
         features=spans,
         feature_size=0 if features is None else int(features.shape[1]),
         feature_dtype=feature_dtype(features),

@@ -23,7 +23,7 @@ from sglang_ssd.transport import (
     StatsRequest,
     TransportError,
 )
-from sglang_ssd.worker.round_mode import plain_rounds_refusal
+from sglang_ssd.worker.round_mode import mode_refusal
 from sglang_ssd.worker.speculator_client import SpeculatorClient
 
 logger = logging.getLogger(__name__)
@@ -123,13 +123,13 @@ class SpeculatorAdmin:
             applied the changes alone, and a restarted speculator starts from `config`.
 
         Raises:
-            SSDConfigError: a change `SSDConfig` refuses, plain rounds off the CPU, or a fan-out
+            SSDConfigError: a change `SSDConfig` refuses, `mode` plain off the CPU, or a fan-out
                 budget above what the speculator's KV pool and one round's outcomes can hold
                 (then nothing changes).
         """
         client = self.client
         changes = request.changes.given()
-        refusal = plain_rounds_refusal(changes.get("plain_rounds", "never"), client.target_device)
+        refusal = mode_refusal(changes.get("mode", "async"), str(client.target_device))
         if refusal is not None:
             raise SSDConfigError(refusal)
         with client.lock:

@@ -6,7 +6,8 @@ with the previous round's outcomes, the batch's rids and the backup and tree dep
 planner (`planner.RoundPlanner`) picks, and (3) waits for the drafts while the speculator makes
 progress, at most `--ssd-speculator-timeout` without it. Any fault (timeout, dead or stopped
 process, transport error) goes to the `Supervisor`, which kills the speculator and restarts it in
-the background; the target keeps serving with its own n-gram drafts meanwhile (DESIGN.md §1).
+the background; the target keeps serving with its own n-gram drafts meanwhile
+(docs/design.md#when-the-speculator-is-down).
 The admin messages (live settings, counters) are `speculator_admin`'s.
 """
 
@@ -146,7 +147,8 @@ class SpeculatorClient:
                         continue
                     if req.rid not in self.opened:
                         prompt = list(req.origin_input_ids)
-                        prespeculate = self.config.mode == "async"
+                        # Pre-speculate after the prefill unless sync rounds are all there is.
+                        prespeculate = self.config.mode != "sync"
                         self.link.send(open_message(req, prompt, prespeculate))
                         self.opened[req.rid] = len(prompt)
                     self.last_seen[req.rid] = self.decode_rounds
@@ -187,7 +189,9 @@ class SpeculatorClient:
         self.step_id += 1
         rids = [req.rid for req in reqs]
         spans, features = self.features.take(rids)
-        step = step_message(self.step_id, outcomes, rids, choice, spans, features)
+        # A sync round's draft runs on every core (`core_lending`); others on the speculator's.
+        cpus = [] if choice.prespeculate else self.supervisor.lending.sync_draft_cpus
+        step = step_message(self.step_id, outcomes, rids, choice, spans, features, cpus)
         link.send_step(step, features=features)
         got = self._wait_drafts(link)
         timing = got.drafts.timing

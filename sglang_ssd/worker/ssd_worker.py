@@ -97,7 +97,7 @@ class SSDWorker(BaseSpecWorker):
         # speculator's KV pool) is known; None on TP ranks other than 0 (they follow rank 0).
         self.speculator_client: SpeculatorClient | None = None
         self.speculator_admin: SpeculatorAdmin | None = None  # live settings and counters
-        self.planner: RoundPlanner | None = None  # each round's mode, backup and tree depth
+        self.planner: RoundPlanner | None = None  # each round's arrangement, backup, depth
         # Phases synchronise the target's device at their boundaries on CUDA (GPU time).
         self.clock = RoundClock(self.device)
         self.timers = {mode: RoundTimer() for mode in RoundMode}  # totals by round mode
@@ -129,7 +129,7 @@ class SSDWorker(BaseSpecWorker):
             max_running_requests=int(runner.max_running_requests),
             context_len=int(runner.model_config.context_len),
         )
-        self.planner = RoundPlanner(self.config)
+        self.planner = RoundPlanner(self.config, device)
         logger.info(
             "SSD: settings in force (* settable at run time, POST /ssd/config): %s",
             self.config.flags_line(),
@@ -171,8 +171,9 @@ class SSDWorker(BaseSpecWorker):
         client = self.speculator_client
         if client is not None:
             client.prepare(batch.reqs)
-        new_tokens = int(batch.extend_num_tokens or 0)
-        with self._cores(self.planner is not None and self.planner.prefill_lends_cores(new_tokens)):
+        new_tokens, planner = int(batch.extend_num_tokens or 0), self.planner
+        lend = planner is not None and planner.prefill_lends_cores(new_tokens, len(batch.reqs))
+        with self._cores(lend):
             result = self._target_worker.forward_batch_generation(batch, **self.forward_kwargs)
         for observer in self.observers:
             observer.extended([req.rid for req in batch.reqs], result.logits_output, batch)
@@ -195,7 +196,7 @@ class SSDWorker(BaseSpecWorker):
         )
 
     def _decode(self, batch: ScheduleBatch, on_publish: Any) -> GenerationBatchResult:
-        """One decode round: plan (mode and drafts: `RoundPlanner`, TP rank 0's broadcast) →
+        """One decode round: plan (arrangement and drafts: `RoundPlanner`, TP rank 0's broadcast) →
         build the TARGET_VERIFY batch over W positions per request → the target's forward →
         verify (`saguaro`) → commit the accepted tokens' KV → record (outcomes, planner,
         observers) → SGLang's result. Each step is a phase of the round's clock; the phases go
@@ -219,7 +220,7 @@ class SSDWorker(BaseSpecWorker):
         return self._result(logits_output, can_run_cuda_graph=False, **committed)
 
     def _plan(self, batch: ScheduleBatch) -> RoundPlan:
-        """The round's mode and drafts, from the planner with one rank; with TP, on rank 0
+        """The round's arrangement and drafts, from the planner with one rank; with TP, on rank 0
         and broadcast (`tp_sync.share_plan`), so every rank forwards the same tokens.
 
         Raises:
@@ -254,9 +255,9 @@ class SSDWorker(BaseSpecWorker):
         return share_outcome(self.tp, plan.drafts, width, verify)
 
     def _cores(self, lend: bool) -> contextlib.AbstractContextManager[None]:
-        """With `lend`, the block (a plain round's forward; a prefill while plain rounds are the
-        mode in use) runs on the speculator's cores too (`cores_lent`, leading rank only: the
-        speculator runs beside it)."""
+        """With `lend`, the block (a sync or plain round's forward; a prefill the planner lends
+        cores to) runs on the speculator's cores too, the speculator stopped (`cores_lent`,
+        leading rank only: the speculator runs beside it)."""
         if lend and self.speculator_client is not None:
             return self.speculator_client.supervisor.cores_lent()
         return contextlib.nullcontext()
@@ -412,12 +413,17 @@ def _dp_rank() -> int:
 def _sampling_of(batch: ScheduleBatch, sampling_backend: str) -> SamplingBatch:
     """The target's p parameters of this batch, as SGLang's sampler with `sampling_backend`
     (`--sampling-backend`, resolved by SGLang) applies them: its filter order depends on the
-    backend and on whether any request of the batch needs min-p (`saguaro.filter_order`)."""
-    info = batch.sampling_info
+    backend and on whether any request of the batch needs min-p (`saguaro.filter_order`).
+
+    Built on the host from the requests' `sampling_params`, as SGLang builds its device copies
+    (`SamplingBatchInfo.from_schedule_batch`: float32 temperature, top-p, min-p; int32 top-k,
+    one row per request in batch order), so reading them costs no device sync."""
+    info, params = batch.sampling_info, [req.sampling_params for req in batch.reqs]
+    need_min_p = bool(info.need_min_p_sampling)
     return SamplingBatch(
-        temperature=info.temperatures.reshape(-1).float().cpu(),
-        top_k=info.top_ks.reshape(-1).cpu(),
-        top_p=info.top_ps.reshape(-1).float().cpu(),
-        min_p=info.min_ps.reshape(-1).float().cpu() if info.need_min_p_sampling else None,
-        filter_order=filter_order(sampling_backend, bool(info.need_min_p_sampling)),
+        temperature=torch.tensor([p.temperature for p in params], dtype=torch.float32),
+        top_k=torch.tensor([p.top_k for p in params], dtype=torch.int32),
+        top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32),
+        min_p=torch.tensor([p.min_p for p in params], dtype=torch.float32) if need_min_p else None,
+        filter_order=filter_order(sampling_backend, need_min_p),
     )

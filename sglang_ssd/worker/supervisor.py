@@ -6,11 +6,12 @@ speculator zygote (`sglang_ssd.zygote`, its imports done at the launcher's start
 child of the SGLang scheduler; it also exits by itself when the scheduler disappears
 (`speculator.parent`). On CPU it gets its own cores; on GPU its own device (`sglang_ssd.placement`).
 `Supervisor` keeps one such process linked: a fault kills it and restarts it in the background,
-with a growing backoff while restarts fail (DESIGN.md §1).
+with a growing backoff while restarts fail (docs/design.md#when-the-speculator-is-down).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import subprocess
@@ -28,12 +29,17 @@ from sglang_ssd.config import SSDConfig
 from sglang_ssd.placement import Placement
 from sglang_ssd.transport import LinkAddress, TargetLink, TransportError, TransportTimeout
 from sglang_ssd.transport.tensor_link import Backend
-from sglang_ssd.worker.core_lending import CoreLending
+from sglang_ssd.worker.core_lending import CoreLending, omp_wait_problem
 
 logger = logging.getLogger(__name__)
 
 KILL_WAIT_S = 10.0
-STARTUP_TIMEOUT_S = 300.0
+# The start-up wait is progress-based: the speculator's process tree (a JIT compiler child
+# included) must use CPU at least every STARTUP_STALL_S (it loads and warms up the draft), and
+# links within STARTUP_LIMIT_S however busy it is.
+STARTUP_STALL_S = 120.0
+STARTUP_LIMIT_S = 1800.0
+STARTUP_PROGRESS_CPU_S = 0.01  # CPU seconds between two polls that count as progress
 RESTART_BACKOFF_S = 2.0  # first retry after a fault; doubles per failed restart
 RESTART_BACKOFF_MAX_S = 60.0
 ACCEPT_POLL_S = 2.0
@@ -106,29 +112,46 @@ class SpeculatorProcess:
         return self.proc.poll() is None
 
     def cpu_seconds(self) -> float | None:
-        """User + system CPU seconds the process has used (None once it is gone): the client
-        reads its growth as progress while it waits for drafts."""
+        """User + system CPU seconds of the process tree (None once the process is gone): the
+        process, its live descendants (e.g. an `nvcc` that FlashInfer's JIT starts) and the
+        children they reaped. The supervisor reads its growth as progress while the speculator
+        starts, the client while it waits for drafts.
+
+        GPU work is not measured apart: a CUDA host thread waiting for a kernel spins or yields
+        on its CPU (the runtime's default `cudaDeviceScheduleAuto`), so it shows here.
+        """
         try:
-            times = psutil.Process(self.proc.pid).cpu_times()
+            root = psutil.Process(self.proc.pid)
+            total = _tree_cpu_seconds(root)
+            for child in root.children(recursive=True):
+                try:
+                    total += _tree_cpu_seconds(child)
+                except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+                    continue  # gone meanwhile: its time reaches its parent's children_* once reaped
         except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
             return None
-        return float(times.user + times.system)
+        return total
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        """Terminate (then kill) the process and reap it; idempotent, never raises."""
+        """Terminate (then kill) the process and reap it, and kill what it started; idempotent,
+        never raises."""
         if self.proc.poll() is not None:
             return
+        descendants = self._descendants()
         self.proc.terminate()
         try:
             self.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
             self.kill()
+        _kill_all(descendants)
 
     def kill(self) -> None:
-        """SIGKILL the process and reap it (works on a stopped, i.e. SIGSTOPped, process too);
+        """SIGKILL the process and what it started (e.g. a JIT compiler that would otherwise
+        outlive it, orphaned) and reap it (works on a stopped, i.e. SIGSTOPped, process too);
         idempotent, never raises."""
         if self.proc.poll() is not None:
             return
+        descendants = self._descendants()
         self.proc.kill()
         try:
             self.proc.wait(KILL_WAIT_S)
@@ -136,6 +159,27 @@ class SpeculatorProcess:
             logger.error(
                 "SSD: speculator pid %d survived SIGKILL for %.0f s", self.pid, KILL_WAIT_S
             )
+        _kill_all(descendants)
+
+    def _descendants(self) -> list[psutil.Process]:
+        """The live processes the speculator started, children's children included."""
+        try:
+            return psutil.Process(self.proc.pid).children(recursive=True)
+        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+            return []
+
+
+def _kill_all(processes: list[psutil.Process]) -> None:
+    """SIGKILL each of `processes` still running (psutil checks the pid was not reused)."""
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+
+
+def _tree_cpu_seconds(process: psutil.Process) -> float:
+    """User + system CPU seconds of `process` and of its children it has reaped."""
+    t = process.cpu_times()
+    return float(t.user + t.system + t.children_user + t.children_system)
 
 
 def link_backend(
@@ -194,6 +238,9 @@ class Supervisor:
         self.model_path = model_path
         self.placement = placement
         self.lending = CoreLending(placement.target_cpus, placement.cpus or ())
+        problem = omp_wait_problem() if self.lending.enabled else None
+        if problem is not None:
+            logger.warning("SSD: %s", problem)
         self.lock = lock
         self.forget = forget
         self.link: TargetLink | None = None
@@ -204,7 +251,7 @@ class Supervisor:
         self._closing = threading.Event()  # set by `stop`: no more (re)starts
 
     def start(self) -> None:
-        """Launch the speculator and wait for its link (at most `STARTUP_TIMEOUT_S`).
+        """Launch the speculator and wait for its link while it makes progress (`_launch`).
 
         Raises:
             TransportError: the process exited or never linked; nothing is left running.
@@ -212,6 +259,14 @@ class Supervisor:
         self._install(*self._launch())
 
     def _launch(self) -> tuple[TargetLink, SpeculatorProcess]:
+        """Start a speculator and wait for its link. The wait is progress-based: it goes on
+        while the speculator's process tree uses CPU (loading the draft, its warm-up round, a
+        JIT compile in a child process) and fails after `STARTUP_STALL_S` without progress, or
+        after `STARTUP_LIMIT_S` in all.
+
+        Raises:
+            TransportError: the process exited, stalled, or ran out of time (it is stopped).
+        """
         config = self.config()
         backend, device = link_backend(
             self.placement, self.target_device, torch.cuda.is_available()
@@ -228,7 +283,8 @@ class Supervisor:
             target_vocab_size=self.target_vocab_size,
             target_model_path=self.target_model_path,
         )
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        start = last_progress = time.monotonic()
+        cpu = process.cpu_seconds()
         try:
             while True:
                 try:
@@ -242,8 +298,19 @@ class Supervisor:
                         ) from None
                     if self._closing.is_set():
                         raise TransportError("shutting down") from None
-                    if time.monotonic() > deadline:
-                        raise
+                    now, used = time.monotonic(), process.cpu_seconds()
+                    if used is not None and (cpu is None or used - cpu >= STARTUP_PROGRESS_CPU_S):
+                        last_progress, cpu = now, used
+                    if now - last_progress > STARTUP_STALL_S:
+                        raise TransportError(
+                            f"speculator pid {process.pid} made no progress for "
+                            f"{STARTUP_STALL_S:.0f} s during startup"
+                        ) from None
+                    if now - start > STARTUP_LIMIT_S:
+                        raise TransportError(
+                            f"speculator pid {process.pid} did not link within "
+                            f"{STARTUP_LIMIT_S:.0f} s"
+                        ) from None
         except BaseException:
             process.stop()
             link.close()
@@ -263,10 +330,10 @@ class Supervisor:
 
     @contextmanager
     def cores_lent(self) -> Iterator[None]:
-        """For a plain round's forward: the speculator stopped and its CPU cores lent to the
-        target (`CoreLending`), under the client's lock so that no admin request waits on a
-        stopped speculator. The tokens the round commits reach the speculator with the next
-        Step's outcomes (`Outcome.extra`)."""
+        """For a sync or plain round's forward (or a prefill): the speculator stopped and its
+        CPU cores lent to the target (`CoreLending`), under the client's lock so that no admin
+        request waits on a stopped speculator. A plain round's tokens reach the speculator with
+        the next Step's outcomes (`Outcome.extra`)."""
         with self.lock:
             process = self.process
             pid = process.pid if process is not None and process.alive() else None

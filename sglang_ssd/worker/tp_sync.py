@@ -7,10 +7,11 @@ each request). Only TP rank 0 holds a `SpeculatorClient` (and so a speculator pr
 decode round it broadcasts over the TP group's CPU (gloo) group, as SGLang's `eagle_sample`
 broadcasts its accept results:
 
-1. before the forward, the round's plan (`share_plan`): the mode rank 0's `RoundPlanner`
-   chose and the drafts rank 0 obtained, whether from the speculator (a hit, a just-in-time,
-   n-gram or random backup) or its own n-gram drafts after a timeout or fault: so hits, misses,
-   timeouts and faults are decided once;
+1. before the forward, the round's plan (`share_plan`): the arrangement rank 0's
+   `RoundPlanner` chose (decided once, for the cores of rank 0 and its speculator; the other
+   ranks' cores never move) and the drafts rank 0 obtained, whether from the speculator (a hit,
+   a just-in-time, n-gram or random backup) or its own n-gram drafts after a timeout or fault:
+   so hits, misses, timeouts and faults are decided once;
 2. after the verify, which only rank 0 runs (`saguaro.verify`, its own RNG), the outcome
    (`share_outcome`): k and t* per row, from which every rank lays out the same accept index and
    emitted tokens (`verify_step.chain_layout`).
@@ -20,8 +21,8 @@ q never crosses (only rank 0 verifies), so followers hold drafts with `q=None` a
 and none of this runs.
 
 Payloads are CPU tensors whose size every rank knows from its own batch. The plan is the
-msgspec (msgpack) encoding of `PlanMessage` (mode, Dmax, per row D_r, has_q, source by name and
-its Dmax tokens), validated on decode like the link's messages, in a uint8 tensor of
+msgspec (msgpack) encoding of `PlanMessage` (arrangement, Dmax, per row D_r, has_q, source by
+name and its Dmax tokens), validated on decode like the link's messages, in a uint8 tensor of
 `plan_size(B, γ)` bytes (a 4-byte length, the encoding, zero padding up to a bound that holds any
 plan of B rows at γ), so one broadcast of a size every rank computes carries it. The outcome is
 int64 [2, B] (k, t*).
@@ -40,7 +41,7 @@ from msgspec import Meta
 
 from sglang_ssd.saguaro.draft_kinds import round_sources
 from sglang_ssd.worker.draft_batch import DraftBatch
-from sglang_ssd.worker.round_mode import RoundMode
+from sglang_ssd.worker.round_mode import Arrangement, RoundMode, round_mode
 from sglang_ssd.worker.verify_step import VerifiedBatch, chain_layout
 
 # `DraftBatch.sources` values a plan may carry ("missing" never leaves the client).
@@ -59,9 +60,10 @@ class PlanRow(msgspec.Struct, frozen=True, forbid_unknown_fields=True, array_lik
 
 
 class PlanMessage(msgspec.Struct, frozen=True, forbid_unknown_fields=True, array_like=True):
-    """A decode round's plan as rank 0 broadcasts it: its mode, Dmax and one row per request."""
+    """A decode round's plan as rank 0 broadcasts it: its arrangement, Dmax and one row per
+    request."""
 
-    mode: Literal[tuple(m.value for m in RoundMode)]  # type: ignore[valid-type]
+    arrangement: Literal[tuple(a.value for a in Arrangement)]  # type: ignore[valid-type]
     depth_max: Annotated[int, Meta(ge=0)]
     rows: list[PlanRow]
 
@@ -91,13 +93,21 @@ class TpGroup:
 
 @dataclass(frozen=True)
 class RoundPlan:
-    """What a decode round does, as rank 0 decided it: its mode, its drafts and whether it is a
-    sync round (drafted just in time, verified on the speculator's cores too; rank 0's own
-    choice: the other ranks' forwards do not depend on it, so it is not broadcast)."""
+    """What a decode round does, as rank 0 decided it: its arrangement of the cores
+    (`round_mode.Arrangement`) and its drafts (none in a plain round)."""
 
-    mode: RoundMode
+    arrangement: Arrangement
     drafts: DraftBatch
-    sync: bool = False
+
+    @property
+    def mode(self) -> RoundMode:
+        """The round's verify: γ + 1 positions per request, or the root alone (plain)."""
+        return round_mode(self.arrangement)
+
+    @property
+    def sync(self) -> bool:
+        """A sync round: drafted just in time, no pre-speculation before or after it."""
+        return self.arrangement == Arrangement.SYNC
 
     def width(self, lookahead: int) -> int:
         """W, the positions per request of the round's TARGET_VERIFY forward at γ =
@@ -106,9 +116,9 @@ class RoundPlan:
 
     @property
     def lends_cores(self) -> bool:
-        """Whether the forward runs on the speculator's cores too (a plain round or a sync
-        round: the speculator is stopped meanwhile, `core_lending`)."""
-        return self.mode == RoundMode.PLAIN or self.sync
+        """Whether the forward runs on the speculator's cores too (a plain or a sync round:
+        the speculator is stopped meanwhile, `core_lending`)."""
+        return self.arrangement != Arrangement.ASYNC
 
 
 def plan_size(batch_size: int, lookahead: int) -> int:
@@ -124,7 +134,7 @@ def pack_plan(plan: RoundPlan, lookahead: int) -> torch.Tensor:
     """The plan as one broadcastable tensor.
 
     Args:
-        plan: the round's mode and drafts (tokens int64 [B, Dmax] -1 padded, Dmax ≤ γ).
+        plan: the round's arrangement and drafts (tokens int64 [B, Dmax] -1 padded, Dmax ≤ γ).
         lookahead: γ.
 
     Returns:
@@ -148,7 +158,7 @@ def pack_plan(plan: RoundPlan, lookahead: int) -> torch.Tensor:
             drafts.tokens.cpu().tolist(), strict=True,
         )
     ]  # fmt: skip
-    body = msgspec.msgpack.encode(PlanMessage(plan.mode.value, depth_max, rows))
+    body = msgspec.msgpack.encode(PlanMessage(plan.arrangement.value, depth_max, rows))
     out = torch.zeros(plan_size(b, lookahead), dtype=torch.uint8)
     frame = len(body).to_bytes(_LENGTH_BYTES, "little") + body
     if len(frame) > out.numel():
@@ -167,7 +177,7 @@ def unpack_plan(payload: torch.Tensor, batch_size: int, lookahead: int) -> Round
 
     Raises:
         ValueError: a payload of the wrong size, one that does not decode to a valid
-            `PlanMessage` (an unknown mode or source, a wrong type), or a plan that does not
+            `PlanMessage` (an unknown arrangement or source, a wrong type), or a plan that does not
             fit this rank's batch and γ (ranks that disagree on the batch, or a corrupt
             broadcast).
     """
@@ -201,13 +211,13 @@ def unpack_plan(payload: torch.Tensor, batch_size: int, lookahead: int) -> Round
         has_q=torch.tensor([r.has_q for r in rows], dtype=torch.bool),
         sources=[r.source for r in rows],
     )
-    return RoundPlan(mode=RoundMode(message.mode), drafts=drafts)
+    return RoundPlan(arrangement=Arrangement(message.arrangement), drafts=drafts)
 
 
 def share_plan(
     tp: TpGroup, batch_size: int, lookahead: int, decide: Callable[[], RoundPlan]
 ) -> RoundPlan:
-    """The round's plan on every rank: rank 0 calls `decide` (mode, drafts: the speculator's
+    """The round's plan on every rank: rank 0 calls `decide` (arrangement, drafts: the speculator's
     or the fallback's) and broadcasts it; the other ranks never call it and return rank 0's.
 
     Args:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from sglang_ssd.saguaro import SamplingBatch, verify
+from sglang_ssd.saguaro.host_copies import to_device
 from sglang_ssd.worker.draft_batch import DraftBatch
 
 
@@ -69,7 +70,8 @@ def verify_batch(
     Args:
         logits: float [B * W, V], the target's logits over [root, d_1 .. d_{W-1}] per row.
         drafts: the round's drafts, Dmax ≤ W - 1.
-        sampling: the target requests' sampling parameters (p's temperature/top-k/top-p).
+        sampling: the target requests' sampling parameters (p's temperature/top-k/top-p), on
+            the CPU as `ssd_worker._sampling_of` builds them (read there without a device sync).
         width: W = γ + 1.
         generator: the target's RNG for acceptance and bonus sampling.
 
@@ -84,24 +86,33 @@ def verify_batch(
             f"do not fit W={width}"
         )
     logits = logits.view(b, width, vocab)
-    accept_len = torch.zeros(b, dtype=torch.int64)
-    bonus = torch.zeros(b, dtype=torch.int64)
-    depth = drafts.depth.cpu()
-    for d in torch.unique(depth).tolist():
-        rows = (depth == d).nonzero().squeeze(1)
+    device = logits.device
+    # Rows by draft depth, read from the host-side DraftBatch (ascending depth, rows in order).
+    groups: dict[int, list[int]] = {}
+    for row, d in enumerate(drafts.depth.tolist()):
+        groups.setdefault(d, []).append(row)
+    has_q = drafts.has_q.tolist()
+    accept_len = torch.zeros(b, dtype=torch.int64, device=device)
+    bonus = torch.zeros(b, dtype=torch.int64, device=device)
+    for d in sorted(groups):
+        rows = torch.tensor(groups[d], dtype=torch.int64)
+        rows_there = to_device(rows, device)
         q = None
-        if drafts.q is not None and bool(drafts.has_q[rows].any()):
-            q = drafts.q[rows, :d].to(logits.device)
+        if drafts.q is not None and any(has_q[r] for r in groups[d]):
+            q = drafts.q[rows_there, :d]
         result = verify(
-            logits[rows.to(logits.device), : d + 1],
-            drafts.tokens[rows, :d].to(logits.device),
+            logits[rows_there, : d + 1],
+            drafts.tokens[rows, :d],  # on the host: `verify` checks them there
             q,
             sampling.select(rows),
-            point_mass=(~drafts.has_q[rows]).to(logits.device),
+            point_mass=to_device(~drafts.has_q[rows], device),
             generator=generator,
         )
-        accept_len[rows] = result.accept_len.cpu()
-        bonus[rows] = result.bonus_token.cpu()
+        accept_len[rows_there] = result.accept_len
+        bonus[rows_there] = result.bonus_token
+    # The round's one device-to-host copy of its outcome.
+    outcome = torch.stack([accept_len, bonus]).cpu()
+    accept_len, bonus = outcome[0], outcome[1]
     return chain_layout(drafts.tokens, accept_len, bonus, width)
 
 

@@ -91,17 +91,17 @@ def test_live_variants_share_the_ssd_server_and_reset_what_they_change() -> None
     their defaults, so no unit inherits the previous unit's settings."""
     base = configs.Config("SSD-1+1c", ("--ssd-mode", "async"), (0, 1))
     assert configs.live_variants(base, []) == [base]
-    ssd, auto = configs.live_variants(base, ['SSD-auto={"plain_rounds": "auto"}'])
+    ssd, auto = configs.live_variants(base, ['SSD-auto={"mode": "auto", "beta": 0.5}'])
     assert (ssd.name, ssd.server_name, dict(ssd.admin)) == (
-        "SSD-1+1c", "SSD-1+1c", {"plain_rounds": "never"}
+        "SSD-1+1c", "SSD-1+1c", {"beta": 1.0, "mode": "async"}  # the server's own mode
     )  # fmt: skip
     assert (auto.name, auto.server_name, dict(auto.admin)) == (
-        "SSD-auto", "SSD-1+1c", {"plain_rounds": "auto"}
+        "SSD-auto", "SSD-1+1c", {"mode": "auto", "beta": 0.5}
     )  # fmt: skip
     assert auto.args == base.args and auto.cpus == base.cpus
     groups = harness.server_groups([configs.autoregressive("t", name="AR-2c"), ssd, auto])
     assert list(groups) == ["AR-2c", "SSD-1+1c"] and groups["SSD-1+1c"] == [ssd, auto]
     bad_specs = ("SSD-auto", '={"beta": 0.5}', "SSD-x=[1]", "SSD-x={}", 'SSD-x={"nope": 1}')
-    for bad in (*bad_specs, 'SSD-x={"mode": "sync"}'):  # not a live setting
+    for bad in (*bad_specs, 'SSD-x={"draft_vocab": 100}'):  # not a live setting
         with pytest.raises(ValueError):
             configs.live_variants(base, [bad])

@@ -67,13 +67,17 @@ def test_bench_configs_arrangements() -> None:
     cfgs = ssd_bench.bench_configs("T", "D")
     names = [c.name for c in cfgs]
     assert names == ["AR-1c", "STANDALONE-1c", "SYNC-1c", "AR-2c", "STANDALONE-2c", "SYNC-2c",
-                     "SSD-1+1c"]  # fmt: skip
+                     "SSD-1+1c", "SSD-auto"]  # fmt: skip
     by = {c.name: c for c in cfgs}
     assert by["AR-1c"].cpus == (0,) and by["STANDALONE-2c"].cpus == (0, 1)
     assert flag_value(by["SSD-1+1c"].args, "--ssd-draft-cpus") == "1"
     assert flag_value(by["SYNC-1c"].args, "--ssd-mode") == "sync"
     assert flag_value(by["SYNC-1c"].args, "--ssd-draft-cpus") is None  # shares core 0
     assert flag_value(by["SYNC-2c"].args, "--ssd-draft-cpus") == "0,1"  # both cores, in turn
+    assert flag_value(by["SSD-1+1c"].args, "--ssd-mode") == "async"
+    assert flag_value(by["SSD-auto"].args, "--ssd-mode") == "auto"  # the default, same cores
+    assert by["SSD-auto"].cpus == (0, 1)
+    assert flag_value(by["SSD-auto"].args, "--ssd-draft-cpus") == "1"
     assert ssd_bench.setting_kind(4, True) == "b4-greedy"
     assert {c.lookahead for c in cfgs if c.algorithm != "NONE"} == {4}
     assert [c.name for c in ssd_bench.bench_configs("T", "D", ["paper"])][-1] == "SSD-1+1c"
@@ -95,7 +99,7 @@ def test_per_gamma_standalones_and_extra_runtimes() -> None:
     )
     by = {c.name: c for c in cfgs}
     assert list(by) == ["AR-2c", "STANDALONE-2c-g3", "STANDALONE-2c-g5", "SYNC-2c", "SSD-1+1c",
-                        "SSD-1+1c-torch"]  # fmt: skip
+                        "SSD-1+1c-torch", "SSD-auto"]  # fmt: skip
     assert by["STANDALONE-2c-g3"].lookahead == 3 and by["STANDALONE-2c-g5"].lookahead == 5
     assert flag_value(by["STANDALONE-2c-g5"].args, "--speculative-num-draft-tokens") == "6"
     assert by["SSD-1+1c"].lookahead == 4 and by["SSD-1+1c-torch"].lookahead == 4

@@ -35,7 +35,8 @@ NEW_TOKENS = 12
 def _record(tiny_target, tiny_draft, sampling: Sampling) -> tuple[dict, DraftModel]:
     target = HFTarget(tiny_target, dtype=torch.float32)
     model = DraftModel.load(tiny_draft, dtype=torch.float32, num_slots=4096)
-    engine = SpeculatorEngine(model, SSDConfig(lookahead=4, fanout_budget=8), seed=0)
+    config = SSDConfig(lookahead=4, fanout_budget=8, fanout="geometric")  # as replayed below
+    engine = SpeculatorEngine(model, config, seed=0)
     return record(target, engine, [PROMPT], sampling, NEW_TOKENS, seed=0), model
 
 

@@ -7,6 +7,7 @@ and pytest, but no sglang, pyzmq or msgspec, and nothing is installed there.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -17,6 +18,9 @@ ROOT = Path(__file__).resolve().parents[2]
 for extra in (ROOT / "kernels", ROOT):  # a bare checkout: the packages are not installed
     if str(extra) not in sys.path:
         sys.path.insert(0, str(extra))
+# The KV pool's debug checks, off by default on CUDA (serving), are on in the GPU checks (a
+# test that counts syncs as served turns them off itself).
+os.environ.setdefault("SGLANG_SSD_KV_POOL_DEBUG", "1")
 
 
 @pytest.fixture

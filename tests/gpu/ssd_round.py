@@ -28,15 +28,19 @@ SHARPNESS = 8.0
 PROMPTS = [[40, 71, 72, 73, 0, 5, 9, 71, 72, 33, 34], [3, 1, 4, 1, 5, 9, 2, 6]]
 
 
-def make_pair(root: Path, seed: int = 0) -> tuple[Path, Path]:
-    """Write (draft, target) folders under `root`: 2-layer Qwen2s, V = 128, float32; the target
+def make_pair(
+    root: Path, seed: int = 0, dtype: torch.dtype = torch.float32, head_dim: int = 16
+) -> tuple[Path, Path]:
+    """Write (draft, target) folders under `root`: 2-layer Qwen2s, V = 128, 4 query and 2 KV
+    heads of `head_dim` (16: float32 shapes for exact CPU/CUDA comparison; 64 or 128 in bf16:
+    shapes SGLang's CUDA backends and FlashInfer take), weights saved in `dtype`; the target
     is the draft plus Gaussian noise (0.3 of each tensor's std). The (untied) LM head is scaled
     by `SHARPNESS` so next-token distributions are peaked and greedy top-2 margins far above
     rounding, without the tied-embedding habit of repeating the last token."""
     config = Qwen2Config(
         vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
+        hidden_size=4 * head_dim,
+        intermediate_size=8 * head_dim,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
@@ -49,25 +53,30 @@ def make_pair(root: Path, seed: int = 0) -> tuple[Path, Path]:
     with torch.no_grad():
         model.get_output_embeddings().weight.mul_(SHARPNESS)
     draft, target = root / "draft", root / "target"
-    model.save_pretrained(draft)
+    model.to(dtype).save_pretrained(draft)
+    model.float()
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.3 * p.std() * torch.randn(p.shape, generator=gen))
-    model.save_pretrained(target)
+    model.to(dtype).save_pretrained(target)
     return draft, target
 
 
-def engine_on(draft: Path, device: torch.device | str, **config: object) -> SpeculatorEngine:
-    """A speculator engine over `draft` on `device` (float32, 4096 KV slots, γ = 4, B = 6)."""
-    model = DraftModel.load(draft, device=device, dtype=torch.float32, num_slots=4096)
+def engine_on(
+    draft: Path, device: torch.device | str, dtype: torch.dtype = torch.float32, **config: object
+) -> SpeculatorEngine:
+    """A speculator engine over `draft` on `device` (`dtype`, 4096 KV slots, γ = 4, B = 6)."""
+    model = DraftModel.load(draft, device=device, dtype=dtype, num_slots=4096)
     settings = {"lookahead": LOOKAHEAD, "fanout_budget": 6, **config}
     return SpeculatorEngine(model, SSDConfig(**settings), seed=0)  # type: ignore[arg-type]
 
 
-def target_on(target: Path, device: torch.device | str) -> torch.nn.Module:
-    """The target as a plain HF model on `device`, float32, eager attention."""
-    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
+def target_on(
+    target: Path, device: torch.device | str, dtype: torch.dtype = torch.float32
+) -> torch.nn.Module:
+    """The target as a plain HF model on `device` in `dtype`, eager attention."""
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=dtype)
     return model.to(device).eval()
 
 

@@ -1,4 +1,5 @@
-"""`sglang_ssd.saguaro.verify` on CUDA against the CPU (DESIGN.md section 1, exactness rules).
+"""`sglang_ssd.saguaro.verify` on CUDA against the CPU (docs/design.md#exactness-rules, exactness
+rules).
 
 Greedy rows must match the CPU bit for bit. Given the same uniforms (`VerifyUniforms`, drawn on
 the CPU) sampled rows must too, except where |u - min(1, p/q)| < 1e-5 (or a bonus uniform within

@@ -26,6 +26,7 @@ STATS_KEYS = frozenset(
         "t_p",
         "fallback",
         "ssd_mode",
+        "arrangements",
     }
 )
 # From the speculator's counters (present once the speculator answered a stats request).
@@ -44,6 +45,7 @@ SPECULATOR_KEYS = frozenset(
 # From SGLang's scheduler (the admin bridge in a running server passes it).
 SCHEDULER_KEYS = frozenset({"target_running", "target_waiting"})
 PLAIN_ROUNDS_KEYS = frozenset({"rounds", "request_rounds", "avg_forward_s", "target_phases"})
+ARRANGEMENTS_KEYS = frozenset({"offered", "switches", "buckets"})
 FALLBACK_KEYS = frozenset(
     {"backup", "batch_threshold", "auto_batch_threshold", "p_hit", "alpha_hit", "backups"}
 )

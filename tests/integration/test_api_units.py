@@ -32,6 +32,7 @@ from sglang_ssd.transport.wire import (
 )
 from sglang_ssd.worker import metrics as worker_metrics
 from sglang_ssd.worker.planner import RoundPlanner
+from sglang_ssd.worker.round_mode import Arrangement
 from sglang_ssd.worker.speculator_admin import LinkStats, SpeculatorClientStats
 from tests.integration import stats_keys
 
@@ -228,7 +229,7 @@ def test_admin_reports_changes_no_speculator_took() -> None:
         {"beta": True},
         {"fanout": "zigzag"},
         {"fanout_budget": -1},
-        {"mode": "sync"},
+        {"mode": "turbo"},
         {},
         [1],
     ],
@@ -248,12 +249,12 @@ def test_admin_refuses_bad_changes(changes: Any) -> None:
     [
         (b'{"beta": 0}', "--ssd-beta must be in (0, 1]"),
         (b'{"beta": "x"}', "$.beta"),
-        (b'{"sync_rounds": 3}', "Expected `str`, got `int`"),  # not `str | null`: null is
-        (b'{"sync_rounds": null, "beta": 0.5}', "null is not a value of sync_rounds"),  # refused
-        (b'{"mode": "sync", "beta": 0.5}', "fixed at startup: --ssd-mode"),
+        (b'{"mode": 3}', "Expected `str`, got `int`"),  # not `str | null`: null is
+        (b'{"mode": null, "beta": 0.5}', "null is not a value of mode"),  # refused
+        (b'{"draft_vocab": 9, "beta": 0.5}', "fixed at startup: --ssd-draft-vocab"),
         (b'{"fanout_budget": 2.5}', "$.fanout_budget"),
         (b'{"backup": "oracle"}', "$.backup"),
-        (b'{"plain_rounds": "sometimes"}', "--ssd-plain-rounds must be one of auto, never, always"),
+        (b'{"mode": "sometimes"}', "--ssd-mode must be one of auto, async, sync, plain"),
         (b'{"fanout": "zigzag"}', "--ssd-fanout must be one of geometric, uniform"),
         (b'{"tree_depth": -1}', "--ssd-tree-depth must be in 0..γ"),
         (b"{}", "no settings"),
@@ -292,6 +293,7 @@ def test_admin_stats_keys_are_pinned() -> None:
     body = admin.http_body("stats", _ask(FakeWorker(), "stats"))
     assert stats_keys.STATS_KEYS <= set(body) <= stats_keys.STATS_KEYS | stats_keys.SPECULATOR_KEYS
     assert set(body["plain_rounds"]) == stats_keys.PLAIN_ROUNDS_KEYS
+    assert set(body["arrangements"]) == stats_keys.ARRANGEMENTS_KEYS
     assert set(body["fallback"]) == stats_keys.FALLBACK_KEYS
 
 
@@ -307,7 +309,7 @@ def test_admin_stats_list_the_speculators_counters_by_field() -> None:
     assert spec["steps"] == 4 and spec["send_s"] == 0.04 and spec["fanout_hits_3"] == 2
     assert spec["faults"] == 1 and spec["drafts_received"] == 4 and spec["phase_s_glue"] == 0.5
     assert "speculator_pid" not in spec and "phase_s" not in spec
-    assert keys[-1] == "rate_async_b1" and spec["tree_depth"] == 4  # the planner's
+    assert keys[-1] == "arrangement_switches" and spec["tree_depth"] == 4  # the planner's
     averages = [body[f"avg_speculator_{name}_s"] for name in ("build", "lookup", "backup", "send")]
     assert averages == pytest.approx([0.5, 0.1, 0.2, 0.01]) and body["speculator_up"] is True
 
@@ -364,7 +366,7 @@ def test_the_admin_socket_leaves_no_file(tmp_path, monkeypatch: pytest.MonkeyPat
 def test_admin_socket_round_trip(tmp_path) -> None:
     address = f"ipc://{tmp_path}/admin"
     admin.AdminServer(FakeWorker(), address).start()
-    assert admin.ask(address, AdminRequest(op="config"), timeout_s=10).config.fanout == "geometric"
+    assert admin.ask(address, AdminRequest(op="config"), timeout_s=10).config.fanout == "predicted"
 
 
 def test_decode_window_and_log_filter() -> None:
@@ -400,20 +402,27 @@ def test_decode_window_and_log_filter() -> None:
         "ssd hit rate: 1.00, wait draft: 100.0 ms, verify: 200.0 ms, sync draft: 150 ms (glue"
         " 100.0 ms, tree_1 50.0 ms, lm_head 0.0 ms) before each verify"  # no tree built: no D
     )
-    # `--ssd-sync-rounds`: the line counts them; a window of sync rounds only reads as sync mode.
+    # Sync rounds under auto: the line counts them; a window of sync rounds only reads as sync.
     mixed = dataclasses.replace(second, sync_rounds=1).log_suffix()
     assert mixed.endswith("lm_head 0.0 ms; target 200 ms), D: 4, sync rounds: 1"), mixed
     assert dataclasses.replace(second, sync_rounds=2).log_suffix() == (
         "ssd hit rate: 1.00, wait draft: 100.0 ms, verify: 200.0 ms, sync draft: 150 ms (glue"
         " 100.0 ms, tree_1 50.0 ms, lm_head 0.0 ms) before each verify, sync rounds: 2"
     )
-    planner.sync_rounds.rounds[True] += 3  # `WindowTracker` takes the planner's count
+    planner.arrangements.rounds[Arrangement.SYNC] += 3  # `WindowTracker` takes the planner's
     assert tracker.take(timer, client, planner).sync_rounds == 3
     other = logging.LogRecord("x", logging.INFO, "f", 1, "Prefill batch", (), None)
     line_filter.filter(other)
     assert other.msg == "Prefill batch"
     plain = scheduler_metrics.Window(plain_rounds=40, tree_depth=4)  # every round plain
     assert plain.log_suffix() == "ssd: no speculative round, plain rounds: 40"
+    # The arrangement held per batch-size bucket and the rates behind it close the line.
+    held = dataclasses.replace(
+        plain, arrangements="b<=1: plain (plain 4.00 tok/s = 1.00 / 0.250 s)"
+    )
+    assert held.log_suffix().endswith(
+        ", arrangement b<=1: plain (plain 4.00 tok/s = 1.00 / 0.250 s)"
+    )
 
 
 def test_hooks_leave_other_algorithms_alone() -> None:

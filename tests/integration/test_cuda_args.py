@@ -17,7 +17,7 @@ from sglang_ssd.integration.registration import (
     handle_ssd_server_args,
     refuse_plain_rounds_off_cpu,
 )
-from sglang_ssd.worker.round_mode import plain_rounds_refusal
+from sglang_ssd.worker.round_mode import mode_refusal
 
 
 def _args(device: str, **extra) -> SimpleNamespace:
@@ -67,13 +67,16 @@ def test_gpu_collisions_are_refused_at_startup(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_plain_rounds_are_refused_off_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--ssd-mode plain` is CPU-only; auto (the default) and sync serve on a GPU, where auto
+    offers async alone (`round_mode.offered`)."""
     monkeypatch.delenv(ENV_VAR, raising=False)
-    refuse_plain_rounds_off_cpu(_args("cuda"))  # the default, never: served
-    for setting in ("auto", "always"):
-        monkeypatch.setenv(ENV_VAR, SSDConfig(plain_rounds=setting).to_json())
-        refuse_plain_rounds_off_cpu(_args("cpu"))
-        with pytest.raises(ValueError, match=f"--ssd-plain-rounds {setting} is not supported"):
-            refuse_plain_rounds_off_cpu(_args("cuda"))
-    assert plain_rounds_refusal("never", "cuda:1") is None
-    assert plain_rounds_refusal("auto", "cpu") is None
-    assert "γ + 1 positions" in (plain_rounds_refusal("always", "cuda:1") or "")
+    refuse_plain_rounds_off_cpu(_args("cuda"))  # the default, auto: served
+    for setting in ("auto", "async", "sync"):
+        monkeypatch.setenv(ENV_VAR, SSDConfig(mode=setting).to_json())
+        refuse_plain_rounds_off_cpu(_args("cuda"))
+    monkeypatch.setenv(ENV_VAR, SSDConfig(mode="plain").to_json())
+    refuse_plain_rounds_off_cpu(_args("cpu"))
+    with pytest.raises(ValueError, match="--ssd-mode plain is not supported"):
+        refuse_plain_rounds_off_cpu(_args("cuda"))
+    assert mode_refusal("auto", "cuda:1") is None and mode_refusal("plain", "cpu") is None
+    assert "γ + 1 positions" in (mode_refusal("plain", "cuda:1") or "")

@@ -30,7 +30,10 @@ REFUSED: dict[str, tuple[dict[str, Any], list[str]]] = {
         {"enable_lora": True},
         ["--enable-lora", "--max-lora-rank", "8", "--lora-target-modules", "all"],
     ),
-    "`--quantization`, GGUF targets (on CPU)": ({"quantization": "fp8"}, ["--quantization", "fp8"]),
+    "`--quantization` other than `ssd_int8`, GGUF targets (on CPU)": (
+        {"quantization": "fp8"},
+        ["--quantization", "fp8"],
+    ),
     "`--enable-hierarchical-cache`": (
         {"enable_hierarchical_cache": True},
         ["--enable-hierarchical-cache"],
@@ -81,8 +84,9 @@ def test_every_refused_row_has_a_trigger_and_only_it_refuses() -> None:
 
 def test_cpu_only_rows_pass_on_cuda_and_gguf_targets_are_refused_on_cpu() -> None:
     refuse_unsupported_flags(_args(device="cuda", quantization="fp8", enable_torch_compile=True))
+    refuse_unsupported_flags(_args(quantization="ssd_int8"))  # ours passes on CPU
     for gguf in ({"model_path": "/m/target.gguf"}, {"load_format": "gguf"}):
-        with pytest.raises(ValueError, match="--quantization, GGUF targets"):
+        with pytest.raises(ValueError, match="--quantization other than ssd_int8, GGUF targets"):
             refuse_unsupported_flags(_args(**gguf))
 
 

@@ -6,7 +6,8 @@ That server is SGLang's own scheduler, model runner and sampler on its CPU engin
 only adds flags and loads the plugin), so a break anywhere on that path (an op of the shim, the
 attention backend, the model's forward, the CPU platform override) changes the tiny target's
 greedy tokens. The reference is transformers' fp32 forward of the same folder, token by token.
-A divergence is allowed only where the fp32 top-2 margin is below ε (DESIGN.md §1).
+A divergence is allowed only where the fp32 top-2 margin is below ε
+(docs/design.md#the-greedy-rule).
 
 The five-server comparison with SGLang's own launcher (`torch_native` as the reference,
 `intel_amx`, STANDALONE chain and tree, NGRAM) is `test_cpu_serving_tiny.py`, in

@@ -9,9 +9,11 @@ Setup (`eval.distribution` has the details: `tiny_pair`, `reference`, `statistic
   side, the SSD server sampled under three settings switched live through `POST /ssd/config`:
   the defaults (β = 1, backup "auto", which picks the n-gram backup at these batch sizes:
   point-mass drafts), backup "jit" (every draft sampled from q), and β = 0.5 with "jit"
-  (Saguaro sampling: q is the down-weighted σ). `SAMPLES_PER_PROMPT` samples per prompt and
-  configuration, from batched `/generate` requests (`input_ids`, two prompts interleaved,
-  T = 0.7, default top-k/top-p, `ignore_eos`).
+  (Saguaro sampling: q is the down-weighted σ) and the predicted fan-out (`--ssd-fanout
+  predicted`: each request's own allocation, the cached outcomes the verify's residual
+  favours). `SAMPLES_PER_PROMPT` samples per prompt and configuration, from batched
+  `/generate` requests (`input_ids`, two prompts interleaved, T = 0.7, default top-k/top-p,
+  `ignore_eos`).
 - The reference is exact: the joint law of the first four generated tokens, enumerated with
   transformers in float32 (softmax in float64) over every continuation, a prefix below
   probability 1e-6 kept as one cell.

@@ -113,3 +113,25 @@ def test_a_repeated_prompt_is_drafted_by_the_head_again(servers) -> None:
     assert first == second
     assert head1 == rounds1 > 0 and head2 == rounds2 > 0, runs
     assert _stats(servers["head"])["speculator"]["target_features_buffered"] == 0
+
+
+def test_every_arrangement_keeps_the_heads_greedy_output(servers) -> None:
+    """An EAGLE-3 head speculator gets the same arrangements (`--ssd-mode`, switched live):
+    sync rounds draft with the head just in time on every core, plain rounds ship their
+    features with the next Step, auto switches between them; the output stays the target's."""
+    url = servers["head"].url
+    try:
+        for mode in ("sync", "plain", "auto"):
+            assert requests.post(f"{url}/ssd/config", json={"mode": mode}, timeout=60).ok
+            before = _stats(servers["head"])["speculator"]
+            for prompt in _prompts()[:2]:
+                expected = _generate(servers["ar"], prompt)
+                got = _generate(servers["head"], prompt)
+                assert got["output_ids"] == expected["output_ids"], (mode, prompt)
+            after = _stats(servers["head"])
+            if mode != "auto":
+                ran = after["speculator"][f"{mode}_rounds"] - before[f"{mode}_rounds"]
+                assert ran > 0, (mode, after["speculator"])
+            assert after["faults"] == 0, after
+    finally:
+        requests.post(f"{url}/ssd/config", json={"mode": "async"}, timeout=60)

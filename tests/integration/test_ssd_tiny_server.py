@@ -1,9 +1,9 @@
 """SSD served by a real SGLang server on tiny random models: lossless greedy, batching, processes.
 
 Real servers, real sockets, a real speculator process; tiny models keep it to about a minute.
-Greedy SSD (async mode with the launcher's defaults; sync mode with a reduced draft vocabulary)
-must reproduce the autoregressive server token for token, also with concurrent requests of
-different lengths and with the radix cache hit by a repeated prompt.
+Greedy SSD (async; and `auto` switching arrangement every round, async / sync / plain in turn,
+with a reduced draft vocabulary) must reproduce the autoregressive server token for token, also
+with concurrent requests of different lengths and with the radix cache hit by a repeated prompt.
 """
 
 from __future__ import annotations
@@ -24,11 +24,12 @@ from transformers import AutoConfig, AutoTokenizer
 from eval.servers import Server, started_together
 from sglang_ssd import zygote
 from sglang_ssd.build.vocab import count_ids, top_ids
+from sglang_ssd.config import CYCLE_ENV
 from sglang_ssd.speculator import draft_vocab
 from sglang_ssd.testing.corpus import tiny_corpus
 from sglang_ssd.testing.processes import speculators
 
-VOCAB = 40  # `--ssd-draft-vocab` of the "sync-vocab" server: 40 of the tiny tokenizer's 96 tokens
+VOCAB = 40  # `--ssd-draft-vocab` of the "cycle-vocab" server: 40 of the tiny tokenizer's 96 tokens
 PROMPTS = ["hello world", "def f(x): return", "abcabcabcabc", "the quick brown fox", "zzz", "1"]
 
 
@@ -55,16 +56,17 @@ def own_servers(
     vocab_cache: tuple[Path, int],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Mapping[str, Server]]:
-    """The SSD server this module needs its own flags for: sync mode with a reduced draft
-    vocabulary (one server for both: a start-up costs ~30 s of CI, and a fault in either shows
-    in its greedy output or its statistics)."""
+    """The SSD server this module needs its own flags for: `--ssd-mode auto` forced to switch
+    arrangement every round (`config.CYCLE_ENV`) with a reduced draft vocabulary (one server
+    for both: a start-up costs ~30 s of CI, and a fault in either shows in its greedy output or
+    its statistics)."""
     logs = tmp_path_factory.mktemp("logs")
     common = ["--model-path", str(tiny_target), *TINY_FLAGS]
     spec = ["--speculative-draft-model-path", str(tiny_draft), "--speculative-algorithm", "SSD"]
     configs = {
-        "sync-vocab": [*common, *spec, "--ssd-mode", "sync", "--ssd-draft-vocab", str(VOCAB)]
+        "cycle-vocab": [*common, *spec, "--ssd-mode", "auto", "--ssd-draft-vocab", str(VOCAB)]
     }
-    env = {"SGLANG_SSD_CACHE": str(vocab_cache[0])}
+    env = {"SGLANG_SSD_CACHE": str(vocab_cache[0]), CYCLE_ENV: "1"}
     made = {
         name: Server(name, args, log_path=logs / f"{name}.log", env=env)
         for name, args in configs.items()
@@ -88,14 +90,27 @@ def _generate(server: Server, prompt: str, max_new_tokens: int = 40, **sampling)
     return response.json()
 
 
-@pytest.mark.parametrize("mode", ["ssd", "sync-vocab"])
+@pytest.mark.parametrize("mode", ["ssd", "cycle-vocab"])
 def test_greedy_matches_autoregressive(servers, mode):
+    """Also across a switch of arrangement every round ("cycle-vocab": sync, async and plain
+    in turn, so every pair of them meets and the cores move each round)."""
+    before = ssd_stats(servers[mode])
     for i, prompt in enumerate(PROMPTS):
         n = 10 + 7 * i
         expected = _generate(servers["ar"], prompt, n, temperature=0)
         got = _generate(servers[mode], prompt, n, temperature=0)
         assert got["output_ids"] == expected["output_ids"], prompt
         assert got["meta_info"]["spec_verify_ct"] > 0
+    if mode == "cycle-vocab":
+        after = ssd_stats(servers[mode])
+        ran = {
+            a: after["speculator"][f"{a}_rounds"] - before["speculator"][f"{a}_rounds"]
+            for a in ("sync", "async", "plain")
+        }
+        assert min(ran.values()) >= 10 and max(ran.values()) - min(ran.values()) <= 6, ran
+        lent = after["speculator"]["cores_lent"] - before["speculator"]["cores_lent"]
+        assert lent >= ran["sync"] + ran["plain"]
+        assert after["faults"] == before["faults"] == 0
 
 
 def test_reduced_draft_vocabulary_is_in_use(servers, vocab_cache):
@@ -104,14 +119,15 @@ def test_reduced_draft_vocabulary_is_in_use(servers, vocab_cache):
     request's q crosses at the kept ids' width and is scattered back (issue 31 item 8): every
     round verifies it, without a fault or a restart."""
     kept = vocab_cache[1]
-    out = _generate(servers["sync-vocab"], "def f(x):", 24, temperature=0.8, ignore_eos=True)
+    out = _generate(servers["cycle-vocab"], "def f(x):", 24, temperature=0.8, ignore_eos=True)
     assert out["meta_info"]["completion_tokens"] == 24 and out["meta_info"]["spec_verify_ct"] > 0
-    stats = ssd_stats(servers["sync-vocab"])
+    stats = ssd_stats(servers["cycle-vocab"])
     assert stats["speculator"]["draft_vocab_size"] == kept
     assert stats["faults"] == 0 and stats["restarts"] == 0, stats
     full = ssd_stats(servers["ssd"])
     assert full["speculator"]["draft_vocab_size"] > kept
-    assert (stats["ssd_mode"], full["ssd_mode"]) == ("sync", "async")  # `--ssd-mode` served
+    assert (stats["ssd_mode"], full["ssd_mode"]) == ("auto", "async")  # `--ssd-mode` served
+    assert stats["arrangements"]["offered"] == ["sync", "async", "plain"]
 
 
 def test_concurrent_greedy_matches_autoregressive(servers):
@@ -141,79 +157,70 @@ def test_speculator_is_a_separate_process_on_disjoint_cores(servers):
     assert target_cpus and draft_cpus and not target_cpus & draft_cpus
 
 
-def _switching_mid_request(servers, prompt: str, setting: str) -> tuple[dict, dict]:
-    """One 150-token greedy request on the shared SSD server while the live `setting` cycles
-    always / never / auto every 50 ms (back to never at the end); returns (SSD's response,
-    AR's response to the same request)."""
+def _switching_mid_request(servers, prompt: str) -> tuple[dict, dict]:
+    """One 150-token greedy request on the shared SSD server while the live `mode` cycles
+    plain / sync / auto / async every 50 ms (back to async at the end); returns (SSD's
+    response, AR's response to the same request)."""
     url, n = servers["ssd"].url, 150
     expected = _generate(servers["ar"], prompt, n, temperature=0, ignore_eos=True)
-    values = itertools.cycle(["always", "never", "auto"])
+    values = itertools.cycle(["plain", "sync", "auto", "async"])
     try:
         with cf.ThreadPoolExecutor(1) as pool:
             run = pool.submit(_generate, servers["ssd"], prompt, n, temperature=0, ignore_eos=True)
             while not run.done():
-                body = {setting: next(values)}
+                body = {"mode": next(values)}
                 assert requests.post(f"{url}/ssd/config", json=body, timeout=60).ok
                 time.sleep(0.05)
             got = run.result()
     finally:
-        requests.post(f"{url}/ssd/config", json={setting: "never"}, timeout=60)
+        requests.post(f"{url}/ssd/config", json={"mode": "async"}, timeout=60)
     return got, expected
 
 
-def test_plain_rounds_switched_mid_request_keep_greedy_output(servers):
-    """Plain rounds (no draft, the speculator stopped, its core lent to the target) switched on
-    and off while one long request decodes: each switch back to speculation hands the
-    speculator the plain rounds' tokens (`Outcome.extra`), and the output stays the target's."""
-    faults = ssd_stats(servers["ssd"])["faults"]
-    got, expected = _switching_mid_request(servers, PROMPTS[1], "plain_rounds")
+def test_mode_switched_mid_request_keeps_greedy_output(servers):
+    """`--ssd-mode` switched live while one long request decodes: plain rounds (no draft, the
+    speculator stopped, its core lent) hand their tokens to the speculator with the next Step
+    (`Outcome.extra`), sync rounds draft just in time on every core and verify on every core,
+    each switch back to async starts from a cold cache, and the output stays the target's; a
+    stopped speculator never looked dead or late."""
+    before = ssd_stats(servers["ssd"])
+    got, expected = _switching_mid_request(servers, PROMPTS[1])
     assert got["output_ids"] == expected["output_ids"]
     meta = got["meta_info"]
     assert 0 < meta["ssd_plain_rounds"] < meta["ssd_rounds"]
-    stats = ssd_stats(servers["ssd"])
-    assert stats["plain_rounds"]["rounds"] >= meta["ssd_plain_rounds"]
-    assert stats["speculator"]["cores_lent"] >= meta["ssd_plain_rounds"]
-    assert stats["faults"] == faults  # a stopped speculator never looked dead or late
-
-
-def test_sync_rounds_switched_mid_request_keep_greedy_output(servers):
-    """Sync rounds (`--ssd-sync-rounds`, live: drafted just in time, no pre-speculation, the
-    verify on the speculator's core too) switched always / never / auto while one long request
-    decodes: each switch back hands pre-speculation a cold cache, and the output stays the
-    target's; the sync rounds ran on lent cores, and a stopped speculator never looked dead."""
-    before = ssd_stats(servers["ssd"])
-    got, expected = _switching_mid_request(servers, PROMPTS[2], "sync_rounds")
-    assert got["output_ids"] == expected["output_ids"]
     after = ssd_stats(servers["ssd"])
-    sync = after["speculator"]["sync_rounds"] - before["speculator"]["sync_rounds"]
-    ahead = after["speculator"]["async_rounds"] - before["speculator"]["async_rounds"]
-    assert sync > 0 and ahead > 0, (sync, ahead)
-    assert after["speculator"]["cores_lent"] - before["speculator"]["cores_lent"] >= sync
+    ran = {
+        a: after["speculator"][f"{a}_rounds"] - before["speculator"][f"{a}_rounds"]
+        for a in ("sync", "async", "plain")
+    }
+    assert min(ran.values()) > 0, ran
+    lent = after["speculator"]["cores_lent"] - before["speculator"]["cores_lent"]
+    assert lent >= ran["sync"] + ran["plain"]
+    assert after["plain_rounds"]["rounds"] >= meta["ssd_plain_rounds"]
     assert after["faults"] == before["faults"]
 
 
-def test_long_prefills_lend_the_speculators_core_and_keep_greedy_output(servers):
-    """`--ssd-prefill-lend-tokens` (live): a prefill of at least that many new tokens runs on
-    the speculator's core too (the speculator stopped, then prefilling the draft after it);
-    shorter ones and 0 (never) lend nothing. Output stays the target's."""
+def test_prefills_lend_the_speculators_core_by_arrangement_and_keep_greedy_output(servers):
+    """Under async a short prefill runs on the target's cores alone; under sync (the speculator
+    idles between rounds) every prefill runs on the speculator's core too (the speculator
+    stopped, then prefilling the draft after it). Output stays the target's."""
     url = servers["ssd"].url
 
     def lent() -> float:
         return ssd_stats(servers["ssd"])["speculator"]["cores_lent"]
 
     try:
-        for threshold, lends in ((0, False), (10_000, False), (1, True)):
-            body = {"prefill_lend_tokens": threshold}
-            assert requests.post(f"{url}/ssd/config", json=body, timeout=60).ok
-            prompts = [f"{p} {threshold}" for p in PROMPTS[:3]]  # new each time: no cache hit
+        for mode, lends in (("async", False), ("sync", True)):
+            assert requests.post(f"{url}/ssd/config", json={"mode": mode}, timeout=60).ok
+            prompts = [f"{p} {mode}" for p in PROMPTS[:3]]  # new each time: no cache hit
             before = lent()
-            for prompt in prompts:
-                want = _generate(servers["ar"], prompt, 24, temperature=0, ignore_eos=True)
-                got = _generate(servers["ssd"], prompt, 24, temperature=0, ignore_eos=True)
-                assert got["output_ids"] == want["output_ids"], (threshold, prompt)
-            assert lent() - before == (len(prompts) if lends else 0), threshold
+            for prompt in prompts:  # one token each: the prefill alone, no decode round
+                want = _generate(servers["ar"], prompt, 1, temperature=0, ignore_eos=True)
+                got = _generate(servers["ssd"], prompt, 1, temperature=0, ignore_eos=True)
+                assert got["output_ids"] == want["output_ids"], (mode, prompt)
+            assert lent() - before == (len(prompts) if lends else 0), mode
     finally:
-        requests.post(f"{url}/ssd/config", json={"prefill_lend_tokens": 128}, timeout=60)
+        requests.post(f"{url}/ssd/config", json={"mode": "async"}, timeout=60)
 
 
 def test_tree_depth_is_self_tuned_until_pinned(servers):

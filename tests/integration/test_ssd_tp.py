@@ -1,6 +1,7 @@
 """SSD with a tensor-parallel target (`--tp-size 2`) served end to end on CPU: one speculator
 for the TP group, driven by rank 0, and greedy output equal to the autoregressive server's
-(the session's shared tiny AR server, `--tp-size 1`) under DESIGN.md §1's rule: the two TP
+(the session's shared tiny AR server, `--tp-size 1`) under docs/design.md#the-greedy-rule rule: the
+two TP
 layouts sum in another order (float32 noise, ~1e-6), so a divergence would be allowed only
 where the target's fp32 top-2 margin is below ε (`check_greedy`).
 

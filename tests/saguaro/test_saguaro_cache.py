@@ -1,4 +1,5 @@
-"""SpeculationCache: hits, misses, replacement, bounds, sparse q (DESIGN.md section 1)."""
+"""SpeculationCache: hits, misses, replacement, bounds, sparse q
+(docs/design.md#the-speculation-cache)."""
 
 from __future__ import annotations
 

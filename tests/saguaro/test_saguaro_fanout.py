@@ -20,7 +20,7 @@ from sglang_ssd.saguaro import (
 
 
 def real_fanout(budget: int, gamma: int, alpha: float, r: float) -> list[float]:
-    """DESIGN.md's corrected formula, written as stated there."""
+    """docs/design.md#geometric-fan-out-theorem-12 corrected formula, written as stated there."""
     w = [alpha ** (k / (1 + r)) for k in range(gamma)]
     w.append(alpha ** (gamma / (1 + r)) * (1 - alpha) ** (-1 / (1 + r)))
     f0 = budget / sum(w)

@@ -96,14 +96,13 @@ def test_the_worker_reads_the_servers_backend() -> None:
     and the server's resolved `--sampling-backend`."""
     from sglang_ssd.worker.ssd_worker import _sampling_of
 
-    info = SimpleNamespace(
-        temperatures=torch.tensor([[1.0], [0.7]]),
-        top_ks=torch.tensor([2, 40], dtype=torch.int32),
-        top_ps=torch.tensor([0.5, 0.9]),
-        min_ps=torch.tensor([0.01, 0.0]),
-        need_min_p_sampling=True,
-    )
-    batch = SimpleNamespace(sampling_info=info)
+    params = [(1.0, 2, 0.5, 0.01), (0.7, 40, 0.9, 0.0)]
+    reqs = [
+        SimpleNamespace(sampling_params=SimpleNamespace(temperature=t, top_k=k, top_p=p, min_p=m))
+        for t, k, p, m in params
+    ]
+    info = SimpleNamespace(need_min_p_sampling=True)
+    batch = SimpleNamespace(reqs=reqs, sampling_info=info)
     assert _sampling_of(batch, "flashinfer").filter_order == "sequential"
     assert _sampling_of(batch, "pytorch").filter_order == "joint"
     info.need_min_p_sampling = False

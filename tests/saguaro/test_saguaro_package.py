@@ -1,4 +1,5 @@
-"""`sglang_ssd.saguaro` must import with torch alone (DESIGN.md section 3: the GPU box has no
+"""`sglang_ssd.saguaro` must import with torch alone (docs/design.md#the-gpu-machine: the GPU box
+has no
 sglang, pyzmq or msgspec)."""
 
 from __future__ import annotations

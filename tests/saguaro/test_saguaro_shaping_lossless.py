@@ -1,7 +1,8 @@
 """Losslessness of SSD rounds with per-position penalties, min tokens and logit bias (T > 0).
 
 `shape_logits` runs on the target's verify logits before `verify`; position j must see the
-output plus the draft prefix d_1 .. d_j, as plain decoding would have (DESIGN.md section 1). The
+output plus the draft prefix d_1 .. d_j, as plain decoding would have
+(docs/design.md#options-that-change-p). The
 toy decoder, the SSD rounds and the chi-square statistic are those of `test_saguaro_lossless`
 (V = 5, the first 3 emitted tokens, 125 cells, N = 300,000 samples, significance 1e-3, draft
 depth 3): `run_ssd` drives the rounds and `ShapedVerify` is its verify function. The reference

@@ -1,4 +1,5 @@
-"""`verify` contracts: shapes, row types, edge cases, validation, devices (DESIGN.md section 1)."""
+"""`verify` contracts: shapes, row types, edge cases, validation, devices
+(docs/design.md#exactness-rules)."""
 
 from __future__ import annotations
 

@@ -19,8 +19,10 @@ PROMPT = [40, 71, 72, 73, 0, 5, 9, 71, 72, 33, 34]
 
 
 def _engine(path, **config) -> SpeculatorEngine:
+    """An engine with one static fan-out per round (geometric) unless `config` says otherwise:
+    these tests count branches per request, which the predicted fan-out moves between them."""
     model = DraftModel.load(path, dtype=torch.float32, num_slots=4096)
-    cfg = SSDConfig(lookahead=4, fanout_budget=6, **config)
+    cfg = SSDConfig(lookahead=4, fanout_budget=6, **{"fanout": "geometric", **config})
     return SpeculatorEngine(model, cfg, seed=0)
 
 

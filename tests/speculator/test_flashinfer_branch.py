@@ -38,6 +38,9 @@ class ContractWrapper:
         for name, t in (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr),
                         ("kv_indices", kv_indices), ("last_page_len", last_page_len)):  # fmt: skip
             assert t.dtype == torch.int32 and t.dim() == 1, f"{name}: int32 1-D, got {t.dtype}"
+        for name, t in (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr),
+                        ("last_page_len", last_page_len)):  # fmt: skip
+            assert t.device.type == "cpu", f"{name} must come from the host (no device sync)"
         batch = qo_indptr.numel() - 1
         assert kv_indptr.numel() == batch + 1 and last_page_len.numel() == batch
         assert page_size == 1 and bool((last_page_len == 1).all()), "page_size 1: last page 1"
@@ -75,6 +78,8 @@ class ContractWrapper:
 def contract(monkeypatch: pytest.MonkeyPatch) -> type[ContractWrapper]:
     ContractWrapper.made = []
     monkeypatch.setattr(flashinfer_branch, "make_wrapper", ContractWrapper)
+    monkeypatch.setattr(flashinfer_branch, "_WRAPPERS", {})
+    monkeypatch.setattr(flashinfer_branch, "qo_indptr_device", lambda: False)  # FlashInfer 0.7.2
     return ContractWrapper
 
 
@@ -178,3 +183,27 @@ def test_auto_is_flashinfer_on_cuda_where_it_is_installed(
     assert module._choose_backend("auto", cuda, [3, 0, 2], [40, 5, 9]) == expected
     assert module._choose_backend("auto", cuda, [3, 2], [40, 0]) == "sdpa"  # queries, no slot
     assert module._choose_backend("auto", torch.device("cpu"), [3], [40]) == "sdpa"
+
+
+def test_one_wrapper_per_device_replanned_for_each_forward(contract) -> None:
+    """Forwards reuse the device's wrapper (and its workspace); each forward's plan re-plans
+    it, and a plan whose wrapper another plan used since re-plans before it runs again."""
+    q, k, v, qo, kv, idx, mask, _ = _layout(torch.bfloat16)
+    first = module.plan_branch_attention(qo, kv, idx, mask, backend="flashinfer")
+    out = first.run(q, k, v, 0.125)
+    first.run(q, k, v, 0.125)  # another layer: no new plan
+    shorter = torch.tensor([0, 37, 42, 93], dtype=torch.int32)  # the next forward's kv_indptr
+    second = module.plan_branch_attention(qo, shorter, idx[:93], None, backend="flashinfer")
+    second.run(q, k, v, 0.125)
+    (wrapper,) = contract.made
+    assert [p["kv"].tolist() for p in wrapper.plans] == [[0, 37, 89], [0, 37, 88]]
+    again = first.run(q, k, v, 0.125)  # the wrapper holds `second`'s plan now
+    assert len(wrapper.plans) == 3 and wrapper.plans[2]["kv"].tolist() == [0, 37, 89]
+    assert torch.equal(again, out)
+
+
+def test_host_indptr_is_the_running_sum_on_the_host() -> None:
+    ptr = flashinfer_branch.host_indptr([4, 0, 3])
+    assert ptr.tolist() == [0, 4, 4, 7] and ptr.dtype == torch.int32
+    assert ptr.device.type == "cpu"
+    assert flashinfer_branch.host_indptr([]).tolist() == [0]

@@ -96,9 +96,7 @@ def test_rounds_replies_and_shutdown() -> None:
                     fanout="uniform",
                     beta=msg.changes.beta,
                     backup="jit",
-                    plain_rounds="auto",
-                    prefill_lend_tokens=128,
-                    sync_rounds="never",
+                    mode="auto",
                 )
                 spec.send(m.ConfigureAck(applied=applied))
             elif isinstance(msg, m.StatsRequest):

@@ -126,7 +126,8 @@ OUT_OF_RANGE = [
     (EXAMPLES[7], ("changes", "beta"), "x"),
     (EXAMPLES[7], ("changes", "fanout"), "triangular"),
     (EXAMPLES[7], ("changes", "fanout_budget"), -1),
-    (EXAMPLES[7], ("changes", "mode"), "sync"),  # not a live setting
+    (EXAMPLES[7], ("changes", "mode"), "turbo"),
+    (EXAMPLES[7], ("changes", "draft_vocab"), 100),  # not a live setting
     (EXAMPLES[9], ("applied", "backup"), None),  # an ack reports every live setting
     (STATS, ("stats", "steps"), -1),
     (STATS, ("stats", "send_s"), -0.1),
@@ -156,6 +157,8 @@ def test_construction_and_encode_check_values() -> None:
         m.DraftEntry(rid="a", source="random", depth=1, has_q=True)
     with pytest.raises(ValueError, match="more than once"):
         m.Step(step_id=0, outcomes=[], requests=["a", "a"], backup="jit")
+    with pytest.raises(ValueError, match="names a core more than once"):
+        m.Step(step_id=0, outcomes=[], requests=["a"], backup="jit", draft_cpus=[1, 1])
     with pytest.raises(ValueError, match="invalid Step"):
         m.encode(m.Step(step_id=-1, outcomes=[], requests=[], backup="jit"))
     with pytest.raises(TypeError):
@@ -167,28 +170,17 @@ def test_construction_and_encode_check_values() -> None:
 
 def test_live_settings_are_the_live_fields_of_ssd_config() -> None:
     hints = typing.get_type_hints(SSDConfig)
-    assert LIVE_FIELDS == (
-        "tree_depth",
-        "fanout_budget",
-        "fanout",
-        "beta",
-        "backup",
-        "plain_rounds",
-        "prefill_lend_tokens",
-        "sync_rounds",
-    )
+    assert LIVE_FIELDS == ("mode", "tree_depth", "fanout_budget", "fanout", "beta", "backup")
     assert wire.LiveSettings.__struct_fields__ == LIVE_FIELDS
     for name, kind in typing.get_type_hints(wire.LiveSettings).items():
         assert kind == hints[name] | None, name
     settings = wire.LiveSettings.of(SSDConfig(beta=0.25))
     assert settings.given() == {
+        "mode": "auto",
         "fanout_budget": 8,
-        "fanout": "geometric",
+        "fanout": "predicted",
         "beta": 0.25,
         "backup": "auto",
-        "plain_rounds": "never",
-        "prefill_lend_tokens": 128,
-        "sync_rounds": "never",
     }
     assert wire.LiveSettings(fanout="uniform").given() == {"fanout": "uniform"}
     with pytest.raises(ValueError, match="--ssd-beta must be in"):

@@ -345,14 +345,14 @@ def test_configure_refuses_fanout_the_speculator_cannot_hold(
 def test_plain_rounds_are_refused_live_off_the_cpu(
     client: SpeculatorClient, planner: RoundPlanner, admin: SpeculatorAdmin
 ) -> None:
-    """`POST /ssd/config {"plain_rounds": ...}` on a CUDA target: refused (400 through the admin
-    bridge), nothing changed (`round_mode.plain_rounds_refusal` says why)."""
+    """`POST /ssd/config {"mode": "plain"}` on a CUDA target: refused (400 through the admin
+    bridge), nothing changed (`round_mode.mode_refusal` says why)."""
     client.target_device = torch.device("cuda", 0)  # no GPU needed: refused before any use
-    before = client.config
-    with pytest.raises(SSDConfigError, match="--ssd-plain-rounds auto is not supported"):
-        admin.configure(Configure(changes=LiveSettings(plain_rounds="auto")))
-    assert client.config == before and planner.round_mode.setting == "never"
-    ack = admin.configure(Configure(changes=LiveSettings(plain_rounds="never", beta=0.5)))
+    before, offered = client.config, planner.arrangements.offered
+    with pytest.raises(SSDConfigError, match="--ssd-mode plain is not supported"):
+        admin.configure(Configure(changes=LiveSettings(mode="plain")))
+    assert client.config == before and planner.arrangements.offered == offered
+    ack = admin.configure(Configure(changes=LiveSettings(beta=0.5)))
     assert ack is not None and client.config.beta == 0.5
 
 

@@ -1,6 +1,6 @@
-"""The round planner (issue 29, item 1): the round's mode once per round, the Step's backup and
-tree depth only when a Step goes out, and what each round's drafts and outcomes teach the miss
-policy and the depth tuner. No process, no SGLang."""
+"""The round planner: the round's arrangement once per round, the Step's backup and tree depth
+only when a Step goes out, and what each round's drafts and outcomes teach the miss policy, the
+depth tuner and the arrangement policy. No process, no SGLang."""
 
 from __future__ import annotations
 
@@ -17,10 +17,16 @@ from sglang_ssd.saguaro.acceptance import AcceptanceCounts
 from sglang_ssd.transport import SpeculatorTiming, TransportError
 from sglang_ssd.worker.draft_batch import DraftBatch
 from sglang_ssd.worker.draft_provider import LocalNgramProvider
-from sglang_ssd.worker.planner import RoundPlanner, StepChoice, default_policy
-from sglang_ssd.worker.round_mode import RoundMode
+from sglang_ssd.worker.planner import (
+    PREFILL_LEND_TOKENS,
+    RoundPlanner,
+    StepChoice,
+    default_policy,
+)
+from sglang_ssd.worker.round_mode import Arrangement, RoundMode
 from sglang_ssd.worker.speculator_client import SpeculatorClient
-from sglang_ssd.worker.sync_rounds import ASYNC, SYNC
+
+ASYNC, SYNC, PLAIN = Arrangement.ASYNC, Arrangement.SYNC, Arrangement.PLAIN
 
 GAMMA = 4
 
@@ -36,23 +42,36 @@ def req(rid: str, max_new_tokens: int | None = 16, output: int = 0) -> Any:
 
 
 @pytest.mark.parametrize(
-    ("setting", "reqs", "mode"),
+    ("setting", "reqs", "arrangement"),
     [
-        ("never", [req("a"), req("b", max_new_tokens=1)], RoundMode.SPECULATE),
-        ("always", [req("a")], RoundMode.PLAIN),
-        ("auto", [req("a")], RoundMode.SPECULATE),  # L_r unknown yet: measure it
-        ("auto", [req("a", 4, output=3), req("b", None)], RoundMode.SPECULATE),
-        ("auto", [req("a", 4, output=3), req("b", 1)], RoundMode.PLAIN),  # no token to draft
+        ("async", [req("a"), req("b", max_new_tokens=1)], ASYNC),
+        ("plain", [req("a")], PLAIN),
+        ("sync", [req("a")], SYNC),
+        ("auto", [req("a")], SYNC),  # calibration starts with the CPU's prior
+        ("auto", [req("a", 4, output=3), req("b", None)], SYNC),
+        ("auto", [req("a", 4, output=3), req("b", 1)], PLAIN),  # no token to draft
     ],
 )
-def test_the_round_mode_is_decided_once_per_round(setting: str, reqs: list, mode: RoundMode):
-    planner = RoundPlanner(SSDConfig(lookahead=GAMMA, plain_rounds=setting))
-    assert planner.plan(reqs) == mode
-    assert planner.plain_rounds == (mode == RoundMode.PLAIN)
+def test_the_arrangement_is_decided_once_per_round(setting: str, reqs: list, arrangement):
+    planner = RoundPlanner(SSDConfig(lookahead=GAMMA, mode=setting))
+    assert planner.plan(reqs) == arrangement
+    assert planner.plain_rounds == (arrangement == PLAIN)
     stats = planner.stats()
-    assert stats["speculative_rounds"] == (mode == RoundMode.SPECULATE)
-    counts = ("plain_rounds", "speculative_rounds", "plain_mode", "tree_depth")
+    assert stats["speculative_rounds"] == (arrangement != PLAIN)
+    assert stats[f"{arrangement}_rounds"] == 1
+    counts = ("plain_rounds", "speculative_rounds", "arrangement_switches", "tree_depth")
     assert all(type(stats[k]) is int for k in counts) and type(stats["tree_depth_pinned"]) is bool
+
+
+def test_a_gpu_offers_async_alone_and_refuses_plain() -> None:
+    planner = RoundPlanner(SSDConfig(lookahead=GAMMA), "cuda:0")
+    assert planner.arrangements.offered == (ASYNC,)
+    assert planner.plan([req("a", 4, output=3)]) == ASYNC  # even with one token left
+    assert RoundPlanner(SSDConfig(mode="sync"), "cuda").arrangements.offered == (SYNC,)
+    with pytest.raises(ValueError, match="plain is not supported on cuda"):
+        RoundPlanner(SSDConfig(mode="plain"), "cuda:0")
+    with pytest.raises(ValueError, match="plain is not supported"):
+        planner.apply({"mode": "plain"}, SSDConfig(mode="plain"))
 
 
 def test_the_step_carries_the_backup_and_depth_in_force() -> None:
@@ -64,6 +83,7 @@ def test_the_step_carries_the_backup_and_depth_in_force() -> None:
     planner.apply({"tree_depth": 0}, config.replace(tree_depth=None))  # self-tunes from D = 2
     assert planner.stats()["tree_depth_pinned"] == 0.0 and planner.step(1).tree_depth == 2
     sync = RoundPlanner(SSDConfig(lookahead=GAMMA, mode="sync", backup="ngram"))
+    sync.plan_round([req("a")], OutcomeSpy())
     assert sync.step(8) == StepChoice("jit", 0, prespeculate=False) and sync.tree_depth == 0
 
 
@@ -153,13 +173,13 @@ def test_a_rounds_backup_seconds_are_the_just_in_time_drafts() -> None:
     assert ngram.observations == 1  # its accept length was measured
 
 
-def test_plain_rounds_and_backups_change_live() -> None:
-    planner = RoundPlanner(SSDConfig(lookahead=GAMMA))
-    planner.apply({"plain_rounds": "always", "backup": "random"}, SSDConfig(lookahead=GAMMA))
-    assert planner.prefill_lends_cores(1) and planner.policy.mode == Backup("random")
-    assert planner.plan([req("a")]) == RoundMode.PLAIN and planner.plain_rounds == 1
-    planner.apply({"backup": "auto"}, SSDConfig(lookahead=GAMMA))
-    assert planner.policy.mode == "auto"
+def test_the_mode_and_backups_change_live() -> None:
+    planner = RoundPlanner(SSDConfig(lookahead=GAMMA, mode="async"))
+    planner.apply({"mode": "plain", "backup": "random"}, SSDConfig(lookahead=GAMMA, mode="plain"))
+    assert planner.prefill_lends_cores(1, 1) and planner.policy.mode == Backup("random")
+    assert planner.plan([req("a")]) == PLAIN and planner.plain_rounds == 1
+    planner.apply({"backup": "auto", "mode": "auto"}, SSDConfig(lookahead=GAMMA))
+    assert planner.policy.mode == "auto" and planner.arrangements.offered == (SYNC, ASYNC, PLAIN)
 
 
 class OutcomeSpy:
@@ -180,47 +200,43 @@ class OutcomeSpy:
         self.outcomes.append((list(rids), accept_lens, bonus))
 
 
-def test_a_round_closes_by_its_mode() -> None:
-    """A speculative round's outcomes go to the client and into the L_r and round times; a
-    plain round's tokens do not (they reach the speculator as `Outcome.extra`); the speculative
-    round after plain ones pays the switch and its time is not measured, nor is each mode's
-    first round since start (one-time costs)."""
-    planner, client, reqs = RoundPlanner(SSDConfig(lookahead=GAMMA)), OutcomeSpy(), [req("a")]
+def test_a_round_closes_by_its_arrangement() -> None:
+    """A speculative round's outcomes go to the client; a plain round's tokens do not (they
+    reach the speculator as `Outcome.extra`); each round's time and tokens per request go to
+    the arrangement policy, which skips each arrangement's first round and every switch."""
+    config = SSDConfig(lookahead=GAMMA, mode="async")
+    planner, client, reqs = RoundPlanner(config), OutcomeSpy(), [req("a")]
+    rate = planner.arrangements.rate
     spec = planner.plan_round(reqs, client)
     assert spec.mode == RoundMode.SPECULATE and spec.width(GAMMA) == GAMMA + 1
     assert not spec.lends_cores and spec.drafts.sources == ["local-ngram"]
+    assert client.choices[-1].prespeculate
     planner.close_round(client, reqs, spec, ([1], [7]), 0.2, 1.8)  # the first: one-time costs
-    assert client.outcomes == [(["a"], [1], [7])]
-    assert planner.round_mode.rate(RoundMode.SPECULATE, 1) is None
-    assert not hasattr(reqs[0], "ssd_accept_length")
+    assert client.outcomes == [(["a"], [1], [7])] and rate(ASYNC, 1) is None
     planner.close_round(client, reqs, spec, ([2], [7]), 0.2, 0.5)
     assert client.outcomes[-1] == (["a"], [2], [7])
-    assert planner.round_mode.rate(RoundMode.SPECULATE, 1, 3.0) == pytest.approx(3.0 / 0.5)
-    assert reqs[0].ssd_accept_length.value == 3.0  # k + 1 tokens this round
+    assert rate(ASYNC, 1) == pytest.approx(3.0 / 0.5)
 
-    planner.apply({"plain_rounds": "always"}, SSDConfig(lookahead=GAMMA))
+    planner.apply({"mode": "plain"}, config.replace(mode="plain"))
     plain = planner.plan_round(reqs, client)
     assert plain.mode == RoundMode.PLAIN and plain.width(GAMMA) == 1 and plain.lends_cores
     planner.close_round(client, reqs, plain, ([0], [5]), 0.1, 0.9)  # the first plain round
-    assert planner.round_mode.rate(RoundMode.PLAIN, 1) == pytest.approx(1 / (0.5 * 0.5))  # prior
     planner.close_round(client, reqs, plain, ([0], [5]), 0.1, 0.25)
-    assert len(client.outcomes) == 2 and reqs[0].ssd_accept_length.count == 1
-    assert planner.round_mode.rate(RoundMode.PLAIN, 1) == pytest.approx(1 / 0.25)
+    assert len(client.outcomes) == 2 and rate(PLAIN, 1) == pytest.approx(1 / 0.25)
 
-    planner.apply({"plain_rounds": "never"}, SSDConfig(lookahead=GAMMA))
+    planner.apply({"mode": "async"}, config)
     cold = planner.plan_round(reqs, client)
     planner.close_round(client, reqs, cold, ([0], [9]), 0.2, 9.0)  # the switch: slow, cold
     assert client.outcomes[-1] == (["a"], [0], [9])
-    assert planner.round_mode.rate(RoundMode.SPECULATE, 1) == pytest.approx(1 / 0.5)
-    assert reqs[0].ssd_accept_length.count == 1
+    assert rate(ASYNC, 1) == pytest.approx(3.0 / 0.5)  # not a rate: the switch's cost
+    assert planner.arrangements.switch_cost(ASYNC, 1) == pytest.approx(9.0 - 1 / 6.0)
 
 
-def test_a_sync_round_drafts_just_in_time_on_lent_cores() -> None:
-    """`--ssd-sync-rounds`: a sync round asks a just-in-time draft with no pre-speculation
-    after it and verifies on the speculator's cores too; its times and tokens go to the sync
-    policy (not the first round of a kind, nor one right after the other kind), never its hit
-    rate or verify time to the miss policy (no pre-speculation ran before it)."""
-    config = SSDConfig(lookahead=GAMMA, sync_rounds="always")
+def test_a_sync_round_drafts_just_in_time_on_every_core() -> None:
+    """A sync round asks a just-in-time draft with no pre-speculation after it and verifies on
+    the speculator's cores too; its times and tokens go to the arrangement policy, never its
+    hit rate or verify time to the miss policy (no pre-speculation ran before it)."""
+    config = SSDConfig(lookahead=GAMMA, mode="sync")
     planner, client, reqs = RoundPlanner(config), OutcomeSpy(), [req("a")]
     before = (planner.policy.p_hit, planner.policy.t_verify)
     sync = planner.plan_round(reqs, client)
@@ -229,38 +245,49 @@ def test_a_sync_round_drafts_just_in_time_on_lent_cores() -> None:
     assert client.choices == [StepChoice("jit", 0, prespeculate=False)]
     planner.close_round(client, reqs, sync, ([3], [7]), 0.2, 1.5)  # the first: one-time costs
     planner.close_round(client, reqs, sync, ([3], [7]), 0.2, 0.5)
-    assert planner.sync_rounds.rate(SYNC, 1) == pytest.approx(4 / 0.5)
-    assert planner.round_mode.rate(RoundMode.SPECULATE, 1, 4.0) == pytest.approx(4 / 0.5)
+    assert planner.arrangements.rate(SYNC, 1) == pytest.approx(4 / 0.5)
     assert (planner.policy.p_hit, planner.policy.t_verify) == before
     assert (planner.stats()["sync_rounds"], planner.stats()["async_rounds"]) == (1, 0)
 
-    planner.apply({"sync_rounds": "never"}, config)
+    planner.apply({"mode": "async"}, config.replace(mode="async"))
     ahead = planner.plan_round(reqs, client)
     assert not ahead.sync and not ahead.lends_cores and client.choices[-1].prespeculate
-    planner.close_round(client, reqs, ahead, ([0], [7]), 0.3, 0.9)  # cold after a sync round
-    assert planner.sync_rounds.rate(ASYNC, 1) is None
+    planner.close_round(client, reqs, ahead, ([0], [7]), 0.3, 0.9)  # its first round
     assert planner.policy.p_hit != before[0]  # pre-speculated rounds teach the miss policy
-    planner.close_round(client, reqs, ahead, ([2], [7]), 0.3, 0.6)
-    assert planner.sync_rounds.rate(ASYNC, 1) == pytest.approx(3 / 0.6)
-
-    planner.apply({"sync_rounds": "always"}, config)
-    again = planner.plan_round(reqs, client)  # may hit the cache built after `ahead`
-    planner.close_round(client, reqs, again, ([3], [7]), 0.2, 0.1)
-    assert planner.sync_rounds.rate(SYNC, 1) == pytest.approx(4 / 0.5)  # not measured
 
 
-def test_sync_mode_never_runs_sync_rounds() -> None:
-    """`--ssd-mode sync` drafts every round just in time already, on its own cores."""
-    planner = RoundPlanner(SSDConfig(lookahead=GAMMA, mode="sync", sync_rounds="always"))
-    plan = planner.plan_round([req("a")], OutcomeSpy())
-    assert not plan.sync and not plan.lends_cores
+def test_prefills_lend_the_speculators_cores_by_size_and_arrangement() -> None:
+    """While async is held only long prefills lend the cores; under sync or plain every
+    prefill does (the speculator idles between rounds)."""
+    planner = RoundPlanner(SSDConfig(lookahead=GAMMA, mode="async"))
+    assert not planner.prefill_lends_cores(PREFILL_LEND_TOKENS - 1, 1)
+    assert planner.prefill_lends_cores(PREFILL_LEND_TOKENS, 1)
+    sync = RoundPlanner(SSDConfig(lookahead=GAMMA, mode="sync"))
+    assert sync.prefill_lends_cores(1, 4)
+    auto = RoundPlanner(SSDConfig(lookahead=GAMMA))  # calibrating: nothing held yet
+    assert auto.prefill_lends_cores(1, 1)
 
 
-def test_long_prefills_lend_the_speculators_cores_from_the_live_threshold() -> None:
-    planner = RoundPlanner(SSDConfig(lookahead=GAMMA, prefill_lend_tokens=100))
-    assert not planner.prefill_lends_cores(99) and planner.prefill_lends_cores(100)
-    never = SSDConfig(lookahead=GAMMA, prefill_lend_tokens=0)
-    planner.apply({"prefill_lend_tokens": 0}, never)
-    assert not planner.prefill_lends_cores(10_000)
-    planner.apply({"plain_rounds": "always"}, never.replace(plain_rounds="always"))
-    assert planner.prefill_lends_cores(1)  # plain rounds in use: the speculator idles anyway
+def test_the_log_line_names_the_arrangement_held_and_its_rates() -> None:
+    planner, client, reqs = RoundPlanner(SSDConfig(lookahead=GAMMA)), OutcomeSpy(), [req("a")]
+    assert planner.describe() == ""
+    figures = {SYNC: ([3], 0.5), ASYNC: ([2], 0.5), PLAIN: ([0], 0.25)}
+    for _ in range(10):  # calibration: 3 rounds of each (the first of each not rated), then sync
+        plan = planner.plan_round(reqs, client)
+        accepted, seconds = figures[plan.arrangement]
+        planner.close_round(client, reqs, plan, (accepted, [7]), 0.1, seconds)
+    assert planner.held(1) == SYNC
+    assert planner.describe() == (
+        "b<=1: sync (sync 8.00 tok/s = 4.00 / 0.500 s, async 6.00 tok/s = 3.00 / 0.500 s, "
+        "plain 4.00 tok/s = 1.00 / 0.250 s)"
+    )
+
+
+def test_a_round_capped_by_a_requests_limit_does_not_rate_its_arrangement() -> None:
+    """A request with γ or fewer tokens left cannot take a full chain (the startup warm-up's
+    short requests): its round's tokens say nothing of the arrangement."""
+    planner, client = RoundPlanner(SSDConfig(lookahead=GAMMA, mode="sync")), OutcomeSpy()
+    for reqs, seconds in (([req("a")], 0.5), ([req("a")], 0.5), ([req("b", GAMMA)], 0.1)):
+        plan = planner.plan_round(reqs, client)
+        planner.close_round(client, reqs, plan, ([0], [7]), 0.1, seconds)
+    assert planner.arrangements.rate(SYNC, 1) == pytest.approx(1 / 0.5)  # the capped one left out

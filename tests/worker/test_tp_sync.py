@@ -25,7 +25,7 @@ from sglang_ssd.config import SSDConfig
 from sglang_ssd.saguaro import SamplingBatch
 from sglang_ssd.worker.draft_batch import DraftBatch
 from sglang_ssd.worker.planner import RoundPlanner
-from sglang_ssd.worker.round_mode import RoundMode
+from sglang_ssd.worker.round_mode import Arrangement, RoundMode
 from sglang_ssd.worker.tp_sync import (
     SOURCES,
     RoundPlan,
@@ -119,6 +119,7 @@ def _record(plan: RoundPlan, verified: VerifiedBatch) -> dict[str, Any]:
     d = plan.drafts
     return {
         "mode": plan.mode.value,
+        "arrangement": plan.arrangement.value,
         "tokens": d.tokens,
         "depth": d.depth,
         "has_q": d.has_q,
@@ -140,7 +141,8 @@ def greedy(b: int) -> SamplingBatch:
 def _scenario(name: str, leader: bool, out: dict[str, Any]) -> tuple[int, Any, SamplingBatch]:
     """(B, rank 0's planning, the batch's sampling) of round `name`."""
     if name == "mixed":
-        return 5, lambda: RoundPlan(RoundMode.SPECULATE, mixed_drafts()), mixed_sampling()
+        # A sync round: rank 0's arrangement reaches the other ranks with the drafts.
+        return 5, lambda: RoundPlan(Arrangement.SYNC, mixed_drafts()), mixed_sampling()
     if name == "timeout":
         client = timing_out_client() if leader else None
         if leader:
@@ -148,13 +150,13 @@ def _scenario(name: str, leader: bool, out: dict[str, Any]) -> tuple[int, Any, S
         planner = RoundPlanner(SSDConfig(lookahead=GAMMA))
 
         def decide() -> RoundPlan:
-            return RoundPlan(RoundMode.SPECULATE, client.drafts(requests(3), planner))
+            return RoundPlan(Arrangement.ASYNC, client.drafts(requests(3), planner))
 
         return 3, decide, greedy(3)
     sampling = SamplingBatch(
         temperature=torch.ones(3), top_k=torch.full((3,), -1), top_p=torch.ones(3)
     )
-    return 3, lambda: RoundPlan(RoundMode.PLAIN, DraftBatch.plain(3)), sampling
+    return 3, lambda: RoundPlan(Arrangement.PLAIN, DraftBatch.plain(3)), sampling
 
 
 def _round(tp: TpGroup, name: str, out: dict[str, Any]) -> None:
@@ -230,13 +232,14 @@ def _same(a: dict[str, Any], b: dict[str, Any], keys: tuple[str, ...]) -> None:
             assert x == y, key
 
 
-DRAFT_KEYS = ("mode", "tokens", "depth", "has_q", "sources")
+DRAFT_KEYS = ("mode", "arrangement", "tokens", "depth", "has_q", "sources")
 OUTCOME_KEYS = ("accept_len", "bonus", "predict", "accept_index")
 
 
 def test_rank1_forwards_exactly_rank0s_mixed_drafts(ranks) -> None:
     lead, follow = (r["mixed"] for r in ranks)
     _same(lead, follow, DRAFT_KEYS)
+    assert follow["arrangement"] == "sync"
     assert lead["sources"] == ["cache", "jit", "ngram", "random", "local-ngram"]
     assert lead["tokens"].shape == (5, GAMMA) and int(lead["tokens"][0, 3]) == -1
     assert lead["q_here"] and not follow["q_here"]  # q stays where verify runs
@@ -269,7 +272,7 @@ def test_rank0s_plain_round_is_plain_on_rank1(ranks) -> None:
 
 def test_a_plan_packs_and_unpacks_exactly() -> None:
     drafts = mixed_drafts()
-    payload = pack_plan(RoundPlan(RoundMode.SPECULATE, drafts), GAMMA)
+    payload = pack_plan(RoundPlan(Arrangement.ASYNC, drafts), GAMMA)
     assert payload.dtype == torch.uint8 and payload.shape == (plan_size(5, GAMMA),)
     plan = unpack_plan(payload, 5, GAMMA)
     assert plan.mode == RoundMode.SPECULATE and plan.drafts.q is None
@@ -280,7 +283,7 @@ def test_a_plan_packs_and_unpacks_exactly() -> None:
                          drafts.sources)  # fmt: skip
     assert torch.equal(
         unpack_plan(
-            pack_plan(RoundPlan(RoundMode.SPECULATE, shallow), GAMMA), 5, GAMMA
+            pack_plan(RoundPlan(Arrangement.ASYNC, shallow), GAMMA), 5, GAMMA
         ).drafts.tokens,
         shallow.tokens,
     )
@@ -289,17 +292,17 @@ def test_a_plan_packs_and_unpacks_exactly() -> None:
 def test_unshareable_plans_and_corrupt_payloads_are_refused() -> None:
     drafts = mixed_drafts()
     with pytest.raises(ValueError, match="exceed the lookahead"):
-        pack_plan(RoundPlan(RoundMode.SPECULATE, drafts), GAMMA - 1)
+        pack_plan(RoundPlan(Arrangement.ASYNC, drafts), GAMMA - 1)
     missing = DraftBatch(drafts.tokens, drafts.depth, None, drafts.has_q, ["missing"] * 5)
     with pytest.raises(ValueError, match="cannot be shared"):
-        pack_plan(RoundPlan(RoundMode.SPECULATE, missing), GAMMA)
-    payload = pack_plan(RoundPlan(RoundMode.SPECULATE, drafts), GAMMA)
+        pack_plan(RoundPlan(Arrangement.ASYNC, missing), GAMMA)
+    payload = pack_plan(RoundPlan(Arrangement.ASYNC, drafts), GAMMA)
     with pytest.raises(ValueError, match="for a batch of 4"):
         unpack_plan(payload, 4, GAMMA)
-    for corrupt in (b"ngram", b"speculate", None):  # a source, the mode, row 0's tokens
+    for corrupt in (b"ngram", b"async", None):  # a source, the arrangement, row 0's tokens
         bad = payload.clone()
         raw = bytes(bad.tolist())
-        if corrupt is not None:  # one letter of a name: no longer a known source / mode
+        if corrupt is not None:  # one letter of a name: no longer a known source or arrangement
             bad[raw.index(corrupt)] = ord("X")
         else:  # row 0's token list (after its depth, has_q and source) made a string
             bad[raw.index(b"cache") + 5] = 0xA1
@@ -319,5 +322,5 @@ def test_the_plan_bound_holds_the_largest_plan() -> None:
         tokens=torch.full((b, GAMMA), 2**31 - 1), depth=torch.full((b,), GAMMA), q=None,
         has_q=torch.ones(b, dtype=torch.bool), sources=[longest] * b,
     )  # fmt: skip
-    plan = unpack_plan(pack_plan(RoundPlan(RoundMode.SPECULATE, drafts), GAMMA), b, GAMMA)
+    plan = unpack_plan(pack_plan(RoundPlan(Arrangement.ASYNC, drafts), GAMMA), b, GAMMA)
     assert torch.equal(plan.drafts.tokens, drafts.tokens) and plan.drafts.sources == [longest] * b

@@ -43,6 +43,7 @@ def servers(
     ssd = [
         *("--model-path", target, "--speculative-draft-model-path", draft),
         *("--speculative-algorithm", "SSD", "--ssd-speculator-timeout", "300"),
+        *("--ssd-mode", "async"),  # the tests here check pre-speculation (hit rates, builds)
     ]
     made = {
         "ar": Server("ar", ar, log_path=logs / "ar.log"),

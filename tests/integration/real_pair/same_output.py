@@ -1,4 +1,5 @@
-"""SSD's `/generate` responses against AR's, under DESIGN.md §1's greedy rule (test helper)."""
+"""SSD's `/generate` responses against AR's, under docs/design.md#the-greedy-rule greedy rule (test
+helper)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,8 @@
    MT-Bench chat turn; `make test-real`: the first two HumanEval prompts) × `SSD_TOKENS` tokens,
    and it really speculates: the speculator is a separate process on disjoint cores, the cache
    hit rate is > 0 and the accept length is > 2.
-Both under DESIGN.md §1's rule: a divergence is allowed only where the target's fp32 top-2 margin
+Both under docs/design.md#the-greedy-rule rule: a divergence is allowed only where the target's fp32
+top-2 margin
 is below ε = `DEFAULT_MARGIN_EPS`; such positions are printed. After one, SSD's check goes on
 teacher-forced (AR continues from SSD's prefix), so all of SSD's tokens are checked.
 """
@@ -22,12 +23,11 @@ import requests
 
 from eval.datasets import BOTH, HUMANEVAL, load_prompts, load_tokenizer
 from eval.lossless import continuation
-from eval.servers import Server
 from sglang_ssd.testing import check_greedy
 from sglang_ssd.testing.greedy import generate_greedy, in_child
 from sglang_ssd.testing.processes import speculators
 
-from .pair import humaneval_ids
+from .pair import greedy, humaneval_ids
 from .same_output import report_divergences
 
 pytestmark = pytest.mark.integration
@@ -67,30 +67,20 @@ def transformers_greedy(pair, transformers_prompts) -> list[list[int]]:
     return in_child(generate_greedy, str(pair[0]), transformers_prompts, AR_TOKENS)
 
 
-def _greedy(server: Server, prompts: list[list[int]], n: int) -> list[dict]:
-    out = []
-    for ids in prompts:
-        body = {"input_ids": ids, "sampling_params": {"max_new_tokens": n, "temperature": 0}}
-        r = requests.post(f"{server.url}/generate", json=body, timeout=900)
-        r.raise_for_status()
-        out.append(r.json())
-    return out
-
-
 @pytest.mark.real
 def test_ar_server_matches_transformers_greedy(
     pair, transformers_prompts, transformers_greedy, ar_server
 ):
     compared = transformers_prompts
-    got = [r["output_ids"] for r in _greedy(ar_server, compared, AR_TOKENS)]
+    got = [r["output_ids"] for r in greedy(ar_server, compared, AR_TOKENS)]
     check = check_greedy(pair[0], compared, transformers_greedy, got)
     report_divergences("AR vs transformers", check)
     assert not check.violations, check.violations
 
 
 def test_ssd_greedy_matches_ar_and_speculates(pair, prompts, ar_server, ssd_server):
-    expected = [r["output_ids"] for r in _greedy(ar_server, prompts, SSD_TOKENS)]
-    results = _greedy(ssd_server, prompts, SSD_TOKENS)
+    expected = [r["output_ids"] for r in greedy(ar_server, prompts, SSD_TOKENS)]
+    results = greedy(ssd_server, prompts, SSD_TOKENS)
     stats = requests.get(f"{ssd_server.url}/ssd/stats", timeout=60).json()
     found = speculators(ssd_server.proc.pid)
     assert len(found) == 1, "the speculator must be its own process"

@@ -22,7 +22,8 @@ slow); the tiny pair's tests put every stop kind at
 every offset 0..γ of an accepted block (`test_ssd_stops.py`).
 
 SSD must answer as AR does: text, output ids, `finish_reason` (type and matched) and
-`completion_tokens`. Outputs may differ only by DESIGN.md §1's rule (`assert_greedy_same`).
+`completion_tokens`. Outputs may differ only by docs/design.md#the-greedy-rule rule
+(`assert_greedy_same`).
 """
 
 from __future__ import annotations

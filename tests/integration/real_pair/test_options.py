@@ -7,7 +7,8 @@ the package's AR
 server (which runs with `--disable-overlap-schedule`: SGLang's overlap scheduler lags the
 penalizers by one token, see README, Exactness) and to its SSD server.
 
-DESIGN.md §1's greedy rule, with the shaped p: a divergence is allowed only where AR's own
+docs/design.md#the-greedy-rule greedy rule, with the shaped p: a divergence is allowed only where
+AR's own
 top-2 logprob margin at that position (its shaped, greedy logprobs; logit margins, since both
 share one normaliser) is below ε = `DEFAULT_MARGIN_EPS`. The outputs are compared up to the
 first divergence; allowed ones are printed.

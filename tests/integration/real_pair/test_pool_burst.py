@@ -9,7 +9,8 @@ degraded one by one, such a burst could exhaust the pool or keep the target wait
 speculator's prefills: the target faulted and restarted the speculator, which re-opened every
 request and met the same wall, and SSD silently stayed on n-gram drafts. Now:
 - the speculator never restarts (nor faults) during the burst;
-- every request finishes, greedy, equal to the AR server's output under DESIGN.md §1's rule
+- every request finishes, greedy, equal to the AR server's output under
+docs/design.md#the-greedy-rule rule
   (`check_greedy`: a divergence only where the target's fp32 top-2 margin is below ε);
 - the cache hit rate of a few probe requests sent one at a time after the burst is within
   `HIT_RATE_TOLERANCE` of theirs before it (SSD is back to speculating, not stuck on backups).
