@@ -51,11 +51,12 @@ def _ssd_delta(depth: int, budget: int, rounds: int, batch: int) -> dict[str, fl
 
 def _results(depth: int | None, budget: int, batch: int = 1, ar_tok_s: float = 4.0,
              ssd_tok_s: float = 6.0, temperature: float = 0.0) -> dict[str, Any]:  # fmt: skip
-    args = ["--speculative-algorithm", "SSD", "--ssd-fanout-budget", str(budget)]
+    args = ["--speculative-algorithm", "SSD", "--ssd-mode", "async", "--ssd-fanout-budget",
+            str(budget)]  # fmt: skip
     if depth is not None:
         args += ["--ssd-tree-depth", str(depth)]
     configs = [Config("AR-2c", ("--speculative-algorithm", "NONE")), Config("SSD", tuple(args)),
-               Config("SYNC", (*args, "--ssd-mode", "sync"))]  # fmt: skip
+               Config("SYNC", (*args[:2], "--ssd-mode", "sync", *args[4:]))]  # fmt: skip
     wall = 100 * (T_VERIFY + 0.01)
     ssd = _ssd_delta(depth or 4, budget, 100, batch)
     return {

@@ -51,6 +51,11 @@ def servers(
         # on this machine (D = 1 on an AMX Xeon, where a hit carries at most 2 tokens), and the
         # accept length would measure the machine rather than the head.
         *("--ssd-tree-depth", "4"),
+        # The geometric fan-out, for the same reason: the predicted one caches more outcomes,
+        # so more rounds are served by the head's tree drafts (its own hidden states past the
+        # verified prefix) than by just-in-time drafts on the target's features, and the
+        # accept length would measure the hit rate rather than the head.
+        *("--ssd-fanout", "geometric"),
     ]
     with Server("head", ssd_args(tiny_target, head, flags), log_path=logs / "head.log") as ssd:
         yield {"ar": tiny_servers["ar"], "head": ssd}
