@@ -7,7 +7,7 @@ cache. Greedy SSD, in its async and sync modes, must reproduce the int8 AR serve
 for token (paper §3: speculation is exact relative to the target it verifies with, here the
 int8 one); so must SGLang's STANDALONE (marked `real`: a third server start). The tiny target
 ties its LM head to the embeddings, so its 8 projections (qkv, o, gate_up, down × 2 layers) are
-what is quantised; the real pair's LM head is covered by `real_pair/test_int8.py`.
+what is quantised; the real pair's LM head is covered by `real_int8/test_int8.py`.
 """
 
 from __future__ import annotations
