@@ -30,7 +30,7 @@ from sglang_ssd.config import DEFAULT_LOOKAHEAD
 ARRANGEMENTS = ("paper", "equal")
 STANDALONE_2C = "STANDALONE-2c"
 SSD_1_1C = "SSD-1+1c"
-SSD_AUTO = "SSD-auto"  # the default `--ssd-mode auto`: each round's arrangement measured fastest
+SSD_AUTO = "SSD-auto"  # `--ssd-mode auto`: each round's arrangement measured fastest
 
 
 def bench_configs(

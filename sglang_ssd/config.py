@@ -193,12 +193,14 @@ class SSDConfig:
         ),
     )
     mode: Mode = field(
-        default="auto",
+        default="async",
         metadata=flag(
-            "Arrangement of the cores per decode round. auto (default): each round runs the "
-            "arrangement measured fastest at its batch size (a short calibration of each at "
-            "each batch-size bucket, then live round times and accept lengths; another must be "
-            "5% faster and repay its switch to take over; on a GPU, async alone); async: the "
+            "Arrangement of the cores per decode round. auto: each round runs the arrangement "
+            "measured fastest at its batch size (a short calibration of each at each batch-size "
+            "bucket, then live round times and accept lengths; another must be 5% faster and "
+            "repay its switch to take over; on a GPU, async alone; not yet the default: its "
+            "calibration on the real pair measured drafts that were not accepted, see "
+            "docs/benchmarks.md); async (default): the "
             "speculator pre-speculates on its own cores while the target verifies (SSD); sync: "
             "the draft just in time on every core both processes hold, then the verify on all "
             "of them (synchronous SD); plain: the target alone on every core, no speculation "

@@ -91,7 +91,7 @@ class StepSpy(RoundPlanner):
     """A planner that counts the Steps it shaped."""
 
     def __init__(self) -> None:
-        super().__init__(SSDConfig(lookahead=GAMMA))
+        super().__init__(SSDConfig(lookahead=GAMMA, mode="auto"))
         self.steps = 0
 
     def step(self, batch_size: int) -> StepChoice:
@@ -157,7 +157,7 @@ def test_outcomes_teach_the_policy_and_the_tuner_from_the_rounds_drafts() -> Non
 def test_a_rounds_backup_seconds_are_the_just_in_time_drafts() -> None:
     """A request still prefilling gets an n-gram draft beside another's just-in-time draft: the
     Step's backup seconds (the JIT draft's) must not teach the n-gram backup that it is slow."""
-    planner = RoundPlanner(SSDConfig(lookahead=GAMMA))
+    planner = RoundPlanner(SSDConfig(lookahead=GAMMA, mode="auto"))
     drafts = DraftBatch(
         tokens=torch.zeros(2, GAMMA, dtype=torch.int64),
         depth=torch.tensor([GAMMA, GAMMA]),
@@ -178,7 +178,7 @@ def test_the_mode_and_backups_change_live() -> None:
     planner.apply({"mode": "plain", "backup": "random"}, SSDConfig(lookahead=GAMMA, mode="plain"))
     assert planner.prefill_lends_cores(1, 1) and planner.policy.mode == Backup("random")
     assert planner.plan([req("a")]) == PLAIN and planner.plain_rounds == 1
-    planner.apply({"backup": "auto", "mode": "auto"}, SSDConfig(lookahead=GAMMA))
+    planner.apply({"backup": "auto", "mode": "auto"}, SSDConfig(lookahead=GAMMA, mode="auto"))
     assert planner.policy.mode == "auto" and planner.arrangements.offered == (SYNC, ASYNC, PLAIN)
 
 
@@ -264,12 +264,16 @@ def test_prefills_lend_the_speculators_cores_by_size_and_arrangement() -> None:
     assert planner.prefill_lends_cores(PREFILL_LEND_TOKENS, 1)
     sync = RoundPlanner(SSDConfig(lookahead=GAMMA, mode="sync"))
     assert sync.prefill_lends_cores(1, 4)
-    auto = RoundPlanner(SSDConfig(lookahead=GAMMA))  # calibrating: nothing held yet
+    auto = RoundPlanner(SSDConfig(lookahead=GAMMA, mode="auto"))  # calibrating: nothing held yet
     assert auto.prefill_lends_cores(1, 1)
 
 
 def test_the_log_line_names_the_arrangement_held_and_its_rates() -> None:
-    planner, client, reqs = RoundPlanner(SSDConfig(lookahead=GAMMA)), OutcomeSpy(), [req("a")]
+    planner, client, reqs = (
+        RoundPlanner(SSDConfig(lookahead=GAMMA, mode="auto")),
+        OutcomeSpy(),
+        [req("a")],
+    )
     assert planner.describe() == ""
     figures = {SYNC: ([3], 0.5), ASYNC: ([2], 0.5), PLAIN: ([0], 0.25)}
     for _ in range(10):  # calibration: 3 rounds of each (the first of each not rated), then sync
