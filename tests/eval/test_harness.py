@@ -118,7 +118,7 @@ def test_default_algorithm_and_lookahead_are_the_launchers() -> None:
     assert config.algorithm == launch_server.DEFAULT_ALGORITHM
     assert config.algorithm == flag_value(launched, "--speculative-algorithm")
     assert config.lookahead == int(flag_value(launched, "--speculative-num-steps") or -1)
-    assert config.ssd_mode == "auto" and Config("s", ("--ssd-mode=sync",)).ssd_mode == "sync"
+    assert config.ssd_mode == "async" and Config("s", ("--ssd-mode=sync",)).ssd_mode == "sync"
 
 
 def test_interleaved_order_alternates() -> None:
