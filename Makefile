@@ -39,12 +39,12 @@ test-unit: install
 test: lint models
 	$(VPY) -m pytest -m "not real" $(PYTEST_ARGS)
 
-# The real-pair checks outside CI's budget (README: Tests); run it for every change to the
+# The real-pair checks outside CI's budget (docs/testing.md); run it for every change to the
 # decode round, the draft runtime or the target's verify.
 test-real: models
 	$(VPY) -m pytest -m real $(PYTEST_ARGS)
 
-# The paper's experiments, figures and report (resumes an interrupted run); see README.
+# The paper's experiments, figures and report (resumes an interrupted run); see docs/benchmarks.md.
 bench: models
 	$(VPY) -m eval all $(BENCH_ARGS)
 

@@ -6,7 +6,9 @@
 - `client`: timed `/generate` requests with `input_ids` at a given concurrency.
 - `configs`: `Config` (a configuration as data, read with the launcher's own flag defaults),
   named configurations (AR, STANDALONE, ...) and a JSON loader.
-- `harness`: `run_interleaved` (what a run is, resuming); `interleave` runs its units.
+- `harness`: `run_interleaved` (what a run is, resuming); `interleave` runs its units; both read
+  `run_settings` (`RunSettings`). `results_io`: a results file read back, its per-batch rows
+  gzipped beside it (`pack`).
 - `cpuload`, `provenance`: how busy the machine was and the waits for a quiet one; machine,
   versions, git state and model folders.
 - `summary`: tok/s, accept length, ratios, output identity, the printed table.
@@ -18,5 +20,5 @@
   `distribution` (the T > 0 distribution check: power / run), `margin` (ε of the greedy rule,
   measured): offline and single-purpose tools, each `python -m eval.<name>`.
 
-Run `python -m eval --help`.
+`commands`: one module per `python -m eval` subcommand. Run `python -m eval --help`.
 """

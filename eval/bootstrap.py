@@ -5,7 +5,7 @@ over the prompts both ran. Prompts differ far more than repeats do (code prompts
 drafts, chat prompts short ones), so the unit that is resampled is the prompt: each resample
 draws as many prompts as were run, with replacement, and takes the ratio of the two summed
 throughputs on that draw. The interval is the central `level` share of the resampled ratios
-(percentile bootstrap; Efron & Tibshirani 1993, ch. 13). Issue 12's benchmark counts a goal as
+(percentile bootstrap; Efron & Tibshirani 1993, ch. 13). The benchmark counts a goal as
 met only when the interval's lower end meets it.
 """
 

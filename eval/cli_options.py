@@ -9,11 +9,25 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sglang_ssd.config import DEFAULT_DRAFT_VOCAB, DEFAULT_LOOKAHEAD, parse_cpu_list
-from sglang_ssd.draft_runtimes import AUTO, NAMES
+from sglang_ssd.config import DEFAULT_DRAFT_VOCAB, DEFAULT_LOOKAHEAD
+from sglang_ssd.launch.cpu_lists import CpuListError, parse_cpu_list
+from sglang_ssd.runtime_registry import AUTO, NAMES
 
 if TYPE_CHECKING:
     from sglang_ssd.speculator.runtimes import DraftRuntime
+
+
+class BadInput(ValueError):
+    """A command line the eval tools cannot run: `python -m eval` reports it as argparse reports
+    a bad flag (``python -m eval CMD: error: ...``, exit status 2)."""
+
+
+def cpu_list(text: str) -> tuple[int, ...]:
+    """A `--cpus` value (an argparse type): the CPU ids of a Linux CPU list ("0,1", "0-3")."""
+    try:
+        return parse_cpu_list(text)
+    except CpuListError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def add_pair(parser: argparse.ArgumentParser) -> None:
@@ -28,7 +42,7 @@ def add_cpus(
     help: str = "target CPU, draft CPU (default 0,1)",
 ) -> None:
     """`--cpus`: a CPU list (`0,1`, `0-3`)."""
-    parser.add_argument("--cpus", type=parse_cpu_list, default=tuple(default), help=help)
+    parser.add_argument("--cpus", type=cpu_list, default=tuple(default), help=help)
 
 
 def add_lookahead(parser: argparse.ArgumentParser, help: str = "γ for every config") -> None:
@@ -70,7 +84,7 @@ def load_draft(
     Raises:
         ValueError: a runtime that cannot load the folder (`speculator.runtimes.resolve`).
     """
-    from sglang_ssd.draft_runtimes import LoadRequest
+    from sglang_ssd.runtime_registry import LoadRequest
     from sglang_ssd.speculator import draft_vocab as vocabs
     from sglang_ssd.speculator.runtimes import create_draft_runtime
 

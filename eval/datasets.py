@@ -28,7 +28,7 @@ from sglang_ssd import eval_prompts
 from sglang_ssd.eval_prompts import HUMANEVAL, MTBENCH
 
 DATASETS: tuple[str, ...] = (HUMANEVAL, MTBENCH)
-# Both sets, alternating (HumanEval first): the main table's prompt mix (issue 12, item 8).
+# Both sets, alternating (HumanEval first): the main table's prompt mix.
 BOTH = "both"
 CHOICES: tuple[str, ...] = (*DATASETS, BOTH)
 

@@ -1,11 +1,11 @@
-"""The EAGLE-3 comparison (issue 15, item 6): AR vs STANDALONE vs SGLang's EAGLE3 vs SSD with
+"""The EAGLE-3 comparison: AR vs STANDALONE vs SGLang's EAGLE3 vs SSD with
 the 0.5B draft vs SSD with our EAGLE-3 head, on the real target.
 
 Every configuration runs on equal hardware (both cores): AR, STANDALONE and EAGLE3 as two
 threads of one server; SSD with the target on one core and its speculator on the other. The
 same γ, top-k 1 and dtype everywhere (`eval.configs`). The head is the one `python -m
 sglang_ssd.models build eagle3` stores in the model cache (`default_head`); an SSD server with a
-head runs with `--disable-radix-cache` (README, EAGLE-3 heads). SGLang's STANDALONE and EAGLE3
+head runs with `--disable-radix-cache` (docs/eagle3-heads.md). SGLang's STANDALONE and EAGLE3
 verify greedily on CPU, so their rows at T > 0 are not lossless (`notes`, `note` in the
 comparisons).
 """

@@ -1,4 +1,4 @@
-"""A model of SSD on GPUs for large pairs, from GPU timings of random-weight models (issue 14.5).
+"""A model of SSD on GPUs for large pairs, from GPU timings of random-weight models.
 
 `python -m eval.gpu_model --out DIR` (CUDA; needs only torch and transformers, no sglang):
 

@@ -20,10 +20,8 @@ results document, resuming); `eval.interleave` runs its units.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,19 +31,15 @@ from eval import provenance
 from eval.configs import Config
 from eval.datasets import Prompt
 from eval.interleave import InterleavedRun
-from eval.sampling import Sampling
-from eval.servers import Server
+from eval.results_io import read_results
+from eval.run_settings import RunSettings, ServerProvider
 from eval.summary import summarize
 from sglang_ssd.launch_server import flag_value
 
 SCHEMA = "sglang-ssd-eval/1"
-# Flags every server gets from the harness (see the module docstring).
-HARNESS_ARGS: tuple[str, ...] = ("--sleep-on-idle",)
 # Memory of a server beyond its weight files (launcher, detokenizer and scheduler processes,
 # an 8192-token KV pool, activations): about 2.5 GiB per server for the real pair on CPU.
 SERVER_OVERHEAD_BYTES = 5 << 29
-# Running servers for the given configurations, keyed by `Config.server_name`; the caller owns them.
-ServerProvider = Callable[[Sequence[Config]], Mapping[str, Server]]
 
 
 def estimated_server_bytes(config: Config) -> int:
@@ -83,56 +77,6 @@ def server_groups(configs: Sequence[Config]) -> dict[str, list[Config]]:
         if len(members) > 1 and any(m.admin is None for m in members):
             raise ValueError(f"each configuration sharing server {key!r} needs `admin` settings")
     return groups
-
-
-@dataclass
-class RunSettings:
-    """Everything about a run that is not a configuration."""
-
-    sampling: Sampling = field(default_factory=Sampling)
-    batch_size: int = 1
-    repeats: int = 1
-    warmup: bool = True
-    flush_cache: bool = True
-    stream: bool = False
-    concurrent_servers: bool | None = None  # None: decide from free memory
-    parallel_start: bool = True  # start concurrent servers at the same time
-    extra_args: tuple[str, ...] = HARNESS_ARGS
-    startup_timeout: float = 900.0
-    # Before each unit, wait (up to quiet_max_wait_s) until at most this fraction of all CPUs is
-    # busy; None: don't wait. Each batch records the CPU time other processes used meanwhile.
-    quiet_threshold: float | None = None
-    quiet_max_wait_s: float = 600.0
-    # Units of these sizes, in order, instead of `batch_size` each (must add up to the prompts).
-    unit_sizes: tuple[int, ...] = ()
-
-    def units(self, n_prompts: int) -> list[range]:
-        """Prompt index ranges of the units: `unit_sizes` if given, else `batch_size` each.
-
-        Raises:
-            ValueError: when `unit_sizes` has a size < 1 or does not add up to `n_prompts`.
-        """
-        sizes = self.unit_sizes or [self.batch_size] * -(-n_prompts // self.batch_size)
-        if min(sizes, default=1) < 1 or (self.unit_sizes and sum(sizes) != n_prompts):
-            raise ValueError(f"unit sizes {list(sizes)} do not cover {n_prompts} prompts")
-        starts = [sum(sizes[:i]) for i in range(len(sizes))]
-        return [range(a, min(a + b, n_prompts)) for a, b in zip(starts, sizes, strict=True)]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "sampling": vars(self.sampling) | {"greedy": self.sampling.greedy},
-            "batch_size": self.batch_size,
-            "repeats": self.repeats,
-            "warmup": self.warmup,
-            "flush_cache": self.flush_cache,
-            "stream": self.stream,
-            "concurrent_servers": self.concurrent_servers,
-            "parallel_start": self.parallel_start,
-            "extra_args": list(self.extra_args),
-            "quiet_threshold": self.quiet_threshold,
-            "quiet_max_wait_s": self.quiet_max_wait_s,
-            "unit_sizes": list(self.unit_sizes),
-        }
 
 
 def _resume_into(results: dict[str, Any], previous: Mapping[str, Any]) -> None:
@@ -219,7 +163,7 @@ def run_interleaved(
         concurrent = fits_together(configs)
     results = _new_results(configs, prompts, settings, metadata, concurrent)
     if resume and out_path is not None and out_path.exists():
-        _resume_into(results, json.loads(out_path.read_text()))
+        _resume_into(results, read_results(out_path))
     run = InterleavedRun(
         configs, groups, prompts, settings, results,
         log_dir=log_dir, out_path=out_path, progress=progress, servers=servers, on_batch=on_batch,

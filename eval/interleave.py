@@ -15,16 +15,14 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from eval import client, cpuload, provenance, ssd_stats
 from eval.configs import Config
 from eval.datasets import Prompt
+from eval.run_settings import RunSettings, ServerProvider
 from eval.sampling import Sampling
 from eval.servers import Server
-
-if TYPE_CHECKING:
-    from eval.harness import RunSettings, ServerProvider
 
 T = TypeVar("T")
 # The first request after startup pays one-off costs; this one is not measured.
@@ -64,7 +62,7 @@ class InterleavedRun:
         configs: the configurations, in the run's order.
         groups: the same configurations by the server they run on (`harness.server_groups`).
         prompts: the prompts, cut into units (`settings.units`).
-        settings: the run's `harness.RunSettings`.
+        settings: the run's `run_settings.RunSettings`.
         results: the results document; batches already in it are not run again.
         log_dir: server logs (one file per server).
         out_path: where `save` writes `results` (None: nowhere).

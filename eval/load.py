@@ -1,4 +1,4 @@
-"""Sustained load against an SSD server: errors, leaks and memory growth (issue 7, item 4).
+"""Sustained load against an SSD server: errors, leaks and memory growth.
 
 `run_load` keeps N streaming clients busy for a fixed time (mixed greedy and sampled requests of
 mixed lengths; every few requests a client hangs up mid-stream, which aborts the request), while
@@ -224,7 +224,7 @@ def run_load(
 
 
 def check(result: dict[str, Any]) -> list[str]:
-    """Why a load result fails issue 7's bar (empty when it passes)."""
+    """Why a load result fails the load bar (empty when it passes)."""
     problems = []
     if result["errors"]:
         problems.append(f"{len(result['errors'])} errors, e.g. {result['errors'][0]}")

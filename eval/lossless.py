@@ -1,6 +1,6 @@
 """`python -m eval.lossless`: SSD's greedy output equals autoregressive decoding on real prompts.
 
-The full check of issue 5: 20 HumanEval prompts and 10 MT-Bench first turns × 128 new tokens on
+The full check: 20 HumanEval prompts and 10 MT-Bench first turns × 128 new tokens on
 the real pair, AR (`--speculative-algorithm NONE`) and SSD (defaults) served one after the other
 (never two servers at once, so neither steals the other's cores; SSD first, so that the AR
 server also gives the continuations), batch 1. Outputs must match token for token, except at

@@ -1,4 +1,4 @@
-"""Mixed traffic: short requests of mixed lengths, stop strings and concurrency (issue 12, item 8).
+"""Mixed traffic: short requests of mixed lengths, stop strings and concurrency.
 
 What a server sees from a real front end, not a benchmark loop: `mixed_workload` draws N requests
 (default 40) from HumanEval and MT-Bench prompts, alternating, each with its own
@@ -95,7 +95,7 @@ def load_mixed(
 def comparison(results: dict[str, Any], config: str = SSD, reference: str = AR) -> dict[str, Any]:
     """`config`'s throughput over `reference`'s on a finished mixed run (tokens over summed
     unit wall times, repeats pooled), its 90% bootstrap interval over requests, whether greedy
-    outputs were identical, and the issue's aim (>= 0.95x AR) with `met` judged on the
+    outputs were identical, and the aim (>= 0.95x AR) with `met` judged on the
     interval's lower end."""
     work = {name: work_by_prompt(results["batches"], name) for name in (config, reference)}
     tokens = {name: sum(t for t, _ in w.values()) for name, w in work.items()}

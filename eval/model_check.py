@@ -1,4 +1,4 @@
-"""The speedup model against a run it did not see (issue 12, item 7).
+"""The speedup model against a run it did not see.
 
 `components` reads, from one run's results (`eval ssd` / `eval run`), what the model needs at
 that run's batch size b, every one a component measurement of SSD's own counters (summed
@@ -58,7 +58,7 @@ from sglang_ssd.speculator.fanout_plan import DEFAULT_HIT_EXPONENT, MIN_OBSERVAT
 SPEC = "speculator_"
 # Geometric fan-out's cap on F_k (V - 1); far above any budget used here.
 VOCAB_CAP = 1 << 16
-AIM = 0.10  # the issue's bound on |predicted / measured - 1|
+AIM = 0.10  # the model's allowed error, |predicted / measured - 1|
 SSD_DEFAULTS = SSDConfig()
 
 
@@ -147,7 +147,7 @@ def components(results: Mapping[str, Any], ssd: str, ar: str = "AR-2c") -> Compo
     if not builds or not outcomes or build_forwards <= 0 or steps <= 0 or m.get("p_hit") is None:
         raise ValueError(
             f"{ssd!r} has no build counters in its batches: use a run made with the "
-            "speculator's fan-out and build counters (sglang-ssd after issue 12, item 7)"
+            "speculator's fan-out and build counters (`SpeculatorStats.fanout_outcomes`)"
         )
     depth = max(builds, key=lambda d: builds[d])
     phase = {k[len(f"{SPEC}phase_s_") :]: v for k, v in total.items() if "phase_s_" in k}

@@ -1,4 +1,4 @@
-"""`python -m eval options`: what each request option costs SSD (issue 13, item 11).
+"""`python -m eval options`: what each request option costs SSD.
 
 One SSD server (launcher defaults, the real pair); for each option, every prompt is sent with
 the option and without it, alternating which goes first (A B, then B A on the next prompt),

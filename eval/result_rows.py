@@ -15,6 +15,7 @@ from typing import Any
 
 from eval import ssd_stats
 from eval.configs import Config
+from eval.results_io import read_results
 from eval.summary import summarize
 from eval.sweep import results_name
 
@@ -24,7 +25,7 @@ TRACE_REPLAY = "trace-replay.json"
 def load(path: Path) -> dict[str, Any] | None:
     """A results file, or None when it is missing, unreadable or has no batches."""
     try:
-        results = json.loads(Path(path).read_text())
+        results = read_results(path)
     except (OSError, ValueError):
         return None
     return results if results.get("batches") else None

@@ -30,8 +30,8 @@ from typing import Any
 import psutil
 import requests
 
-from sglang_ssd import zygote
-from sglang_ssd.config import format_cpu_list
+from sglang_ssd.launch import zygote
+from sglang_ssd.launch.cpu_lists import format_cpu_list
 
 LAUNCHER = ("-m", zygote.LAUNCHER_MODULE)
 HEALTH_PATHS = ("/health_generate", "/health")
@@ -182,8 +182,8 @@ class Server:
         python: interpreter that runs the launcher.
         startup_timeout: seconds to wait for readiness.
         zygote_socket: socket of a preloaded zygote to fork the launcher from
-            (`sglang_ssd/zygote.py`; default: the one `SGLANG_SSD_ZYGOTE` names, if any); None
-            execs it, as always when `python` is not this interpreter.
+            (`sglang_ssd/launch/zygote.py`; default: the one `SGLANG_SSD_ZYGOTE` names, if
+            any); None execs it, as always when `python` is not this interpreter.
     """
 
     name: str

@@ -1,4 +1,4 @@
-"""The SSD benchmark (issue 5): AR vs STANDALONE vs `--ssd-mode sync` vs SSD, two arrangements.
+"""The SSD benchmark: AR vs STANDALONE vs `--ssd-mode sync` vs SSD, two arrangements.
 
 Arrangements on a machine with CPUs ``t`` (target) and ``d`` (draft):
 
@@ -10,8 +10,8 @@ Arrangements on a machine with CPUs ``t`` (target) and ``d`` (draft):
   at once), the best synchronous SD on this hardware with SSD's own draft runtime.
 
 SSD (async) is the same server in both arrangements and runs once. Every configuration uses the
-same γ, top-k 1, dtype and KV pool (`eval.configs`), except where asked for more (issue 30, item
-9): `standalone_lookaheads` runs STANDALONE-2c once per γ (`STANDALONE-2c-g3`, ...; the fastest
+same γ, top-k 1, dtype and KV pool (`eval.configs`), except where asked for more:
+`standalone_lookaheads` runs STANDALONE-2c once per γ (`STANDALONE-2c-g3`, ...; the fastest
 is the STANDALONE-2c baseline of the comparisons), and `ssd_runtimes` adds SSD-1+1c on other draft
 runtimes (`SSD-1+1c-torch`: the bf16 reference), each compared with SSD-1+1c.
 """
@@ -114,7 +114,7 @@ def select(configs: Sequence[Config], names: Sequence[str]) -> list[Config]:
     return [by_name[n] for n in names]
 
 
-# (SSD configuration, baseline, arrangement, aims by setting kind (`setting_kind`)): issue 12's
+# (SSD configuration, baseline, arrangement, aims by setting kind (`setting_kind`)): the
 # goals, each met only when the bootstrap interval's lower end reaches it.
 COMPARISONS: tuple[tuple[str, str, str, Mapping[str, float]], ...] = (
     ("SSD-1+1c", "STANDALONE-1c", "paper", {"b1-greedy": 2.0}),

@@ -37,7 +37,8 @@ def fetch(url: str) -> dict[str, Any] | None:
 
 
 def configure(url: str, changes: Mapping[str, Any]) -> dict[str, Any]:
-    """`POST {url}/ssd/config` with `changes`; returns the settings in force afterwards.
+    """`POST {url}/ssd/config` with `changes`; returns the settings afterwards (the reply's
+    "settings": as set, "auto" where left to the server).
 
     Raises:
         RuntimeError: when the server refuses the change or does not answer.
@@ -51,7 +52,7 @@ def configure(url: str, changes: Mapping[str, Any]) -> dict[str, Any]:
         raise RuntimeError(
             f"POST /ssd/config {dict(changes)}: HTTP {reply.status_code} {reply.text}"
         )
-    return dict(reply.json().get("config", {}))
+    return dict(reply.json().get("settings", {}))
 
 
 def totals(stats: Mapping[str, Any]) -> dict[str, float]:

@@ -1,9 +1,9 @@
 """Server start-up seconds five ways, to separate what each of the launcher's start-up paths
 saves: SGLang's own (spawned children, the speculator exec'd), the preloading forkserver
-(`sglang_ssd.fork_start`), the forkserver plus the speculator forked from the launcher's
-speculator zygote (`sglang_ssd.zygote.fork_speculator_zygote`; the launcher's default on CPU),
-and the launcher forked from a preloaded zygote (`sglang_ssd/zygote.py`) without and with the
-speculator zygote (the latter is how the test session starts its servers).
+(`sglang_ssd.launch.fork_start`), the forkserver plus the speculator forked from the launcher's
+speculator zygote (`sglang_ssd.launch.zygote_process.fork_speculator_zygote`; the launcher's
+default on CPU), and the launcher forked from a preloaded zygote (`sglang_ssd/launch/zygote.py`)
+without and with the speculator zygote (the latter is how the test session starts its servers).
 
 `python -m eval.startup [--rounds N] [--side-by-side K] [--model-path T --draft D] [--out FILE]`
 starts SSD servers one arm at a time (K together with `--side-by-side K`, as CI's fixtures
@@ -31,8 +31,8 @@ from pathlib import Path
 from eval import provenance
 from eval.interleave import interleaved_order
 from eval.servers import Server, started_together
-from sglang_ssd import zygote
-from sglang_ssd.fork_start import SWITCH
+from sglang_ssd.launch import zygote
+from sglang_ssd.launch.fork_start import SWITCH
 
 
 @dataclass(frozen=True)

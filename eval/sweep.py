@@ -1,4 +1,4 @@
-"""The paper's experiments on our pair, as plans of harness runs (issue 6).
+"""The paper's experiments on our pair, as plans of harness runs.
 
 A `Plan` is one `run_interleaved` call: configurations, prompts, settings and the results file.
 
@@ -32,7 +32,9 @@ from tqdm import tqdm
 from eval import datasets, ssd_bench
 from eval.configs import Config
 from eval.datasets import Prompt
-from eval.harness import HARNESS_ARGS, RunSettings, run_interleaved
+from eval.harness import run_interleaved
+from eval.results_io import read_results
+from eval.run_settings import HARNESS_ARGS, RunSettings
 from eval.sampling import Sampling
 from eval.servers import Server
 from sglang_ssd.config import SSDConfig
@@ -257,7 +259,7 @@ class ServerPool:
 def done_batches(path: Path) -> int:
     """Batches an earlier run left in `path` (0 if none or unreadable)."""
     try:
-        return len(json.loads(path.read_text()).get("batches", []))
+        return len(read_results(path).get("batches", []))
     except (OSError, ValueError):
         return 0
 

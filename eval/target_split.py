@@ -306,7 +306,7 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
 
 @contextmanager
 def _pinned(cpus: Sequence[int]) -> Iterator[None]:
-    from sglang_ssd.placement import pin_process
+    from sglang_ssd.launch.placement import pin_process
 
     pin_process(list(cpus))
     yield

@@ -10,8 +10,8 @@ Adding a flag means adding one field.
 SGLang has no API for a plugin to add CLI flags, so `sglang_ssd.launch_server` parses the
 `--ssd-*` flags itself and hands the result to the scheduler subprocess through the
 `SGLANG_SSD_CONFIG` environment variable (`to_env` / `from_env`). This module imports nothing
-beyond the standard library, `saguaro.draft_kinds` and `draft_runtimes` (both standard library
-only).
+beyond the standard library, `saguaro.draft_kinds`, `runtime_registry` and `launch.cpu_lists`
+(all standard library only).
 """
 
 from __future__ import annotations
@@ -21,13 +21,14 @@ import dataclasses
 import json
 import os
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
-from sglang_ssd.draft_runtimes import AUTO as AUTO_RUNTIME
-from sglang_ssd.draft_runtimes import HEAD_RUNTIME, INT8_RUNTIME, RUNTIMES
-from sglang_ssd.draft_runtimes import NAMES as RUNTIME_NAMES
+from sglang_ssd.launch.cpu_lists import CpuListError, parse_cpu_list
+from sglang_ssd.runtime_registry import AUTO as AUTO_RUNTIME
+from sglang_ssd.runtime_registry import HEAD_RUNTIME, INT8_RUNTIME, RUNTIMES
+from sglang_ssd.runtime_registry import NAMES as RUNTIME_NAMES
 from sglang_ssd.saguaro.draft_kinds import backup_names
 
 # γ when `--speculative-num-steps` is not given: the launcher's default, every bench's and
@@ -52,8 +53,8 @@ BACKUPS: tuple[str, ...] = get_args(BackupChoice)
 MAX_FANOUT_BUDGET = 2**16
 MAX_DRAFT_KV_TOKENS = 2**26
 MAX_DRAFT_VOCAB = 2**24
-# `--ssd-draft-vocab` default: 13% faster than the whole vocabulary on HumanEval and MT-Bench alike
-# (eval/results/draft-vocab-*.json), greedy draft/target agreement within 0.01 of it.
+# `--ssd-draft-vocab` default: a smaller LM head at no cost in acceptance
+# (docs/benchmarks.md#the-draft-vocabulary).
 DEFAULT_DRAFT_VOCAB = 65536
 # The speculator's pool when the target's capacity is unknown (a client started outside SGLang).
 DEFAULT_DRAFT_KV_TOKENS = 65536
@@ -63,43 +64,6 @@ _METADATA_KEY = "ssd_flag"
 
 class SSDConfigError(ValueError):
     """An `--ssd-*` value (or a combination with SGLang's flags) that SSD cannot run with."""
-
-
-def parse_cpu_list(text: str) -> tuple[int, ...]:
-    """Parse a Linux-style CPU list such as ``"1"``, ``"0-3"`` or ``"0,2-3"``.
-
-    Returns:
-        The sorted, de-duplicated CPU ids.
-
-    Raises:
-        SSDConfigError: on an empty list, a malformed item, a negative id or a reversed range.
-    """
-    cpus: set[int] = set()
-    for item in text.split(","):
-        item = item.strip()
-        match = re.fullmatch(r"(\d+)(?:-(\d+))?", item)
-        if not match:
-            raise SSDConfigError(f"--ssd-draft-cpus: {item!r} is not a CPU id or range (e.g. 1-3)")
-        lo = int(match.group(1))
-        hi = int(match.group(2)) if match.group(2) is not None else lo
-        if hi < lo:
-            raise SSDConfigError(f"--ssd-draft-cpus: range {item!r} is reversed")
-        cpus.update(range(lo, hi + 1))
-    if not cpus:
-        raise SSDConfigError("--ssd-draft-cpus: empty CPU list")
-    return tuple(sorted(cpus))
-
-
-def format_cpu_list(cpus: Iterable[int]) -> str:
-    """``[0, 1, 2, 5]`` -> ``"0-2,5"``: the Linux CPU-list form (/proc's ``Cpus_allowed_list``),
-    which `parse_cpu_list` reads back."""
-    ranges: list[list[int]] = []
-    for cpu in sorted(set(cpus)):
-        if ranges and cpu == ranges[-1][1] + 1:
-            ranges[-1][1] = cpu
-        else:
-            ranges.append([cpu, cpu])
-    return ",".join(f"{lo}" if lo == hi else f"{lo}-{hi}" for lo, hi in ranges)
 
 
 def _threshold(text: str) -> int | None:
@@ -114,7 +78,7 @@ def _threshold(text: str) -> int | None:
 def _cpu_list(text: str) -> tuple[int, ...]:
     try:
         return parse_cpu_list(text)
-    except SSDConfigError as exc:
+    except CpuListError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
@@ -123,7 +87,8 @@ class Flag:
     """The declaration of one `SSDConfig` field: its flag, parser, rule and whether it is live.
 
     Attributes:
-        help: the `--help` text.
+        help: the `--help` text: one sentence of at most 200 characters (docs/flags.md
+            shows it; the longer story lives in docs/).
         ok: the rule a value obeys, as a predicate (None: the value must be one of `choices`).
             A field whose default is None may also be None; that is not checked.
         rule: the rule in words, as the error message puts it ("must be ≥ 0").
@@ -134,6 +99,8 @@ class Flag:
         cli: `add_ssd_args` adds the flag.
         switch: a boolean flag given without a value (argparse's ``store_true``).
         default: the field's default (also the flag's); filled in from the field.
+        evidence: the doc section (relative to docs/, with its anchor) that measures or
+            explains the flag's default; docs/flags.md links it.
     """
 
     help: str
@@ -147,6 +114,7 @@ class Flag:
     cli: bool = True
     switch: bool = False
     default: Any = None
+    evidence: str = ""
 
     def problem(self, value: Any) -> str | None:
         """Why `value` is refused (naming the flag), or None when it is allowed."""
@@ -186,6 +154,7 @@ class SSDConfig:
         default=DEFAULT_LOOKAHEAD,
         metadata=flag(
             "γ, draft tokens per round (SGLang's --speculative-num-steps).",
+            evidence="benchmarks.md#equal-hardware",
             ok=lambda v: isinstance(v, int) and v >= 1,
             rule="(γ) must be an integer ≥ 1 for SSD",
             option="--speculative-num-steps",
@@ -193,18 +162,12 @@ class SSDConfig:
         ),
     )
     mode: Mode = field(
-        default="async",
+        default="auto",
         metadata=flag(
-            "Arrangement of the cores per decode round. auto: each round runs the arrangement "
-            "measured fastest at its batch size (a short calibration of each at each batch-size "
-            "bucket, then live round times and accept lengths; another must be 5% faster and "
-            "repay its switch to take over; on a GPU, async alone; not yet the default: its "
-            "calibration on the real pair measured drafts that were not accepted, see "
-            "docs/benchmarks.md); async (default): the "
-            "speculator pre-speculates on its own cores while the target verifies (SSD); sync: "
-            "the draft just in time on every core both processes hold, then the verify on all "
-            "of them (synchronous SD); plain: the target alone on every core, no speculation "
-            '(CPU only). Live: POST /ssd/config {"mode": ...} applies from the next round.',
+            "Arrangement of the cores per round: async (SSD), sync (synchronous SD on all "
+            "cores), plain (the target alone; CPU only) or auto (per batch size the fastest "
+            "measured, by 5% or more).",
+            evidence="benchmarks.md#the-core-planner-auto",
             choices=MODES,
             live=True,
         ),
@@ -212,9 +175,9 @@ class SSDConfig:
     tree_depth: int | None = field(
         default=None,
         metadata=flag(
-            "Tokens pre-speculated per cache branch, 1..γ. Default (or 0): self-tuned each round "
-            "to the depth the speedup model rates fastest given the live build and verify times "
-            "(`sglang_ssd.saguaro.self_tuning`); a value pins it.",
+            "Tokens pre-speculated per cache branch, 1..γ; unset (or 0), each round takes the "
+            "depth the speedup model rates fastest from live build and verify times.",
+            evidence="benchmarks.md#tree-depth",
             ok=lambda v: isinstance(v, int) and v >= 0,
             rule="must be in 0..γ (0: self-tuned)",
             metavar="D",
@@ -226,6 +189,7 @@ class SSDConfig:
         default=8,
         metadata=flag(
             "Cached outcomes per request per round, Σ_k F_k.",
+            evidence="benchmarks.md#the-fan-out-budget",
             ok=lambda v: 0 <= v <= MAX_FANOUT_BUDGET,
             rule=f"must be ≥ 0 (at most {MAX_FANOUT_BUDGET})",
             metavar="B",
@@ -236,9 +200,10 @@ class SSDConfig:
     fanout: FanoutShape = field(
         default="predicted",
         metadata=flag(
-            "Spread of the budget over accepted lengths k = 0..γ: geometric (Theorem 12, one "
-            "shape for all), uniform, or predicted (per request and round, the outcomes the "
-            "draft's own calibrated probabilities rate most likely; the batch shares B).",
+            "Which outcomes the budget caches: geometric over accept lengths (Theorem 12), "
+            "uniform, or predicted (the most likely per request, from the draft's calibrated "
+            "probabilities).",
+            evidence="benchmarks.md#outcome-prediction-and-fan-out",
             choices=FANOUT_SHAPES,
             live=True,
         ),
@@ -247,6 +212,7 @@ class SSDConfig:
         default=1.0,
         metadata=flag(
             "Saguaro sampling β in (0, 1] (Definition 14); 1 = plain draft sampling.",
+            evidence="benchmarks.md#temperature",
             ok=lambda v: 0.0 < v <= 1.0,
             rule="must be in (0, 1]",
             parse=float,
@@ -258,6 +224,7 @@ class SSDConfig:
         default="auto",
         metadata=flag(
             "Cache-miss fallback; auto switches from jit to a fast backup at b* (Theorem 17).",
+            evidence="benchmarks.md#cache-misses",
             choices=BACKUPS,
             live=True,
         ),
@@ -267,6 +234,7 @@ class SSDConfig:
         metadata=flag(
             "b*: batch size from which auto uses the fast backup (default auto: derived from "
             "measured latencies).",
+            evidence="benchmarks.md#cache-misses",
             ok=lambda v: v >= 1,
             rule="must be ≥ 1 (or 'auto')",
             metavar="{N,auto}",
@@ -278,6 +246,7 @@ class SSDConfig:
         metadata=flag(
             "Speculator device (default: cpu on CPU; on GPU the first GPU after every target "
             "rank; it may not be one of the target's GPUs).",
+            evidence="benchmarks.md#gpu-model",
             ok=lambda v: _DEVICE_RE.match(v) is not None,
             rule="must be 'cpu' or 'cuda:N'",
             metavar="{cpu,cuda:N}",
@@ -288,6 +257,7 @@ class SSDConfig:
         metadata=flag(
             "CPU cores for the speculator on CPU, e.g. 1 or 2-3 (default: last core; the target "
             "keeps the rest).",
+            evidence="benchmarks.md#machines",
             ok=lambda v: len(v) > 0 and all(c >= 0 for c in v),
             rule="must be a non-empty list of CPU ids",
             metavar="LIST",
@@ -297,9 +267,9 @@ class SSDConfig:
     speculator_timeout: float = field(
         default=30.0,
         metadata=flag(
-            "Wait this long without progress from the speculator (its CPU time not growing) "
-            "before falling back to target-side drafts and restarting it; a busy speculator is "
-            "waited for, up to 10 times this in all.",
+            "Seconds without progress from the speculator (its CPU time not growing) before the "
+            "target drafts alone and restarts it; a busy one is waited for up to 10 times this.",
+            evidence="design.md#when-the-speculator-is-down",
             ok=lambda v: v > 0,
             rule="must be > 0 seconds",
             metavar="SECONDS",
@@ -309,12 +279,10 @@ class SSDConfig:
     draft_vocab: int = field(
         default=DEFAULT_DRAFT_VOCAB,
         metadata=flag(
-            "Draft vocabulary: the speculator drafts only among the N most frequent token ids "
-            "of local code and text, plus the special and EOS ids (0, or N >= V: the whole "
-            "vocabulary). "
-            "Cuts the draft's LM head; q is zero elsewhere and verification uses it, so output "
-            "is unchanged. Counted once per tokenizer (~25 s at the first start) and cached in "
-            "~/.cache/sglang_ssd/draft_vocab.",
+            "The speculator drafts among the N most frequent token ids (counted once per "
+            "tokenizer, cached) plus special and EOS ids; 0 or N >= V: every id; output is "
+            "unchanged.",
+            evidence="benchmarks.md#the-draft-vocabulary",
             ok=lambda v: isinstance(v, int) and 0 <= v <= MAX_DRAFT_VOCAB,
             rule=f"must be an integer in 0..{MAX_DRAFT_VOCAB}",
             metavar="N",
@@ -324,9 +292,9 @@ class SSDConfig:
     draft_kv_tokens: int | None = field(
         default=None,
         metadata=flag(
-            "Speculator KV pool in tokens (default: the target's token budget plus, per running "
-            "request, γ + 1 + fan-out budget × tree depth). Requests that do not fit get backup "
-            "drafts.",
+            "Speculator KV pool in tokens (default: the target's pool plus, per running request, "
+            "γ + 1 + fan-out budget × γ); requests that do not fit get backup drafts.",
+            evidence="design.md#the-speculation-cache",
             ok=lambda v: isinstance(v, int) and 1 <= v <= MAX_DRAFT_KV_TOKENS,
             rule=f"must be an integer in 1..{MAX_DRAFT_KV_TOKENS}",
             metavar="TOKENS",
@@ -336,31 +304,29 @@ class SSDConfig:
     draft_runtime: str = field(
         default=AUTO_RUNTIME,
         metadata=flag(
-            "What runs the draft's forwards (`sglang_ssd.speculator.runtimes`): "
-            + "; ".join(f"{e.name}: {e.summary}" for e in RUNTIMES.values())
-            + f"; {AUTO_RUNTIME} (default): {HEAD_RUNTIME} for an EAGLE-3 head folder, else "
-            f"{INT8_RUNTIME} on the CPU (torch where its kernels are missing) and torch on a GPU.",
+            f"What runs the draft's forwards ({', '.join(RUNTIMES)}); {AUTO_RUNTIME} picks "
+            f"{HEAD_RUNTIME} for an EAGLE-3 head folder, else {INT8_RUNTIME} on the CPU and torch "
+            "on a GPU.",
+            evidence="benchmarks.md#draft-runtimes",
             choices=RUNTIME_NAMES,
         ),
     )
     allow_shared_cores: bool = field(
         default=False,
         metadata=flag(
-            "For tests and correctness checks only: with --dp-size > 1 on CPU, let the DP "
-            "replicas share cores when the machine has fewer than 2 per replica (a replica's "
-            "target and speculator split its cores when it has 2 or more, and share its one "
-            "core otherwise). "
-            "Replicas then slow each other down; never use it to measure speed.",
+            "Tests only: with --dp-size > 1 on CPU, let DP replicas share cores when there are "
+            "fewer than 2 per replica; they then slow each other down, so never measure speed "
+            "with it.",
+            evidence="scale-out.md#scaling-out-several-gpus-replicas-and-machines",
             **SWITCH,
         ),
     )
     verify_cuda_graph: bool = field(
         default=False,
         metadata=flag(
-            "On CUDA, keep SGLang's decode CUDA graphs for SSD's verify (TARGET_VERIFY of γ + 1 "
-            "tokens per request, captured by the flashinfer, triton, fa3/fa4 and trtllm_mha "
-            "backends). Off by default: a replay of SSD's verify has not been checked on a GPU "
-            "(docs/cuda.md); refused on the CPU and with an EAGLE-3 head draft.",
+            "On CUDA, replay SSD's verify from SGLang's CUDA graphs; off until a GPU run checks "
+            "greedy equality under replay; refused on the CPU and with an EAGLE-3 head draft.",
+            evidence="cuda.md#cuda-graphs-for-the-verify---ssd-verify-cuda-graph",
             **SWITCH,
         ),
     )
@@ -436,7 +402,7 @@ class SSDConfig:
 
     def flags_line(self) -> str:
         """Every setting by its flag, as the startup log shows the settings in force (a live
-        one marked `*`; None printed as "auto", as the README's flags table names it: self-tuned,
+        one marked `*`; None printed as "auto", as docs/flags.md names it: self-tuned,
         chosen, sized or placed by the server), e.g. "--speculative-num-steps 4, --ssd-mode
         async, --ssd-tree-depth* auto, ..."."""
         parts = []

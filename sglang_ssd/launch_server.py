@@ -183,7 +183,7 @@ def _print_help() -> None:
 def server_args_of(argv: Sequence[str], *, fork_start: bool = False) -> ServerArgs:
     """What `main` serves for `argv`: parse, apply defaults, export `SSDConfig` (to this
     process's environment, for SGLang's subprocesses), with `fork_start` on a machine without
-    CUDA start the preloading forkserver (`sglang_ssd.fork_start`, unless
+    CUDA start the preloading forkserver (`sglang_ssd.launch.fork_start`, unless
     `SGLANG_SSD_FORKSERVER=0`), load SGLang's plugins, then SGLang's own
     `prepare_server_args`. The result is raw, as SGLang returns it: `run_server` resolves it
     first (`ServerArgs.resolve_once`), which runs SSD's `validate_ssd_server_args` through the
@@ -201,7 +201,7 @@ def server_args_of(argv: Sequence[str], *, fork_start: bool = False) -> ServerAr
         sys.exit(f"error: {exc}")
     config.to_env()
     if fork_start and not cuda:
-        from sglang_ssd import fork_start as forks
+        from sglang_ssd.launch import fork_start as forks
 
         if forks.enabled_by(os.environ):
             forks.enable()  # its imports run beside this process's from here on
@@ -216,18 +216,18 @@ def server_args_of(argv: Sequence[str], *, fork_start: bool = False) -> ServerAr
 
 def start_speculator_zygote(argv: Sequence[str], environ: MutableMapping[str, str]) -> int | None:
     """On a machine without CUDA, for SSD (the default algorithm), fork the speculator zygote
-    (`sglang_ssd.zygote.fork_speculator_zygote`) and name its socket in `environ`
+    (`sglang_ssd.launch.zygote_process.fork_speculator_zygote`) and name its socket in `environ`
     (`SGLANG_SSD_SPECULATOR_ZYGOTE`, which SGLang's children inherit): the speculator's
     imports then run beside the target's start-up, and each speculator is forked with them
     done. Call it first thing: this process must not have run torch on several threads yet.
     Returns the zygote's pid, or None when not started (CUDA, another algorithm, or
     `SGLANG_SSD_SPECULATOR_FORK=0`)."""
-    from sglang_ssd import zygote
+    from sglang_ssd.launch import zygote, zygote_process
 
     algorithm = (_flag_value(argv, "--speculative-algorithm") or DEFAULT_ALGORITHM).upper()
     if algorithm != "SSD" or environ.get(zygote.SPECULATOR_SWITCH, "1") == "0" or _has_cuda():
         return None
-    pid, address = zygote.fork_speculator_zygote()
+    pid, address = zygote_process.fork_speculator_zygote()
     environ[zygote.SPECULATOR_ADDRESS_ENV] = address
     return pid
 

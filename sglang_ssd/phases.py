@@ -1,4 +1,4 @@
-"""Where a round's time goes, by phase, on either side of the link (issue 12's measurements).
+"""Where a round's time goes, by phase, on either side of the link.
 
 Both the speculator (glue forward, each tree depth's forward, LM head, sampling, cache populate,
 outcome lookup, packing, send) and the target worker (waiting for drafts, building the verify
@@ -10,7 +10,7 @@ Times are `time.perf_counter` seconds on the host. On a GPU a host clock alone r
 times, so a timer made for a CUDA device (`PhaseTimer.for_device`) synchronises the device at
 every phase boundary: each phase then holds the GPU work it launched, and the verify time, the
 speculator's round (T_p), the depth tuner and the fallback policy, which read these phases, see
-GPU time (issue 31, item 9). The cost is one `torch.cuda.synchronize` per boundary, a few per
+GPU time. The cost is one `torch.cuda.synchronize` per boundary, a few per
 round.
 """
 

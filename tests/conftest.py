@@ -26,7 +26,7 @@ import server_markers
 import sglang_source  # noqa: F401
 
 from eval import servers as eval_servers
-from sglang_ssd import zygote
+from sglang_ssd.launch import zygote
 from sglang_ssd.testing.pair_stats import PairStats, check_pair
 from sglang_ssd.testing.trained_pair import make_trained_pair
 
@@ -57,7 +57,7 @@ _zygote = contextlib.ExitStack()
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Move the real pair's smoke first (`server_markers.real_pair_first`, after any shuffling
     plugin has reordered). When the selected tests start servers (any has a server marker:
-    `server_markers`), start the preloaded zygote now (`sglang_ssd/zygote.py`): its import
+    `server_markers`), start the preloaded zygote now (`sglang_ssd/launch/zygote.py`): its import
     of SGLang runs beside the first tests, and every `eval.servers.Server` of the session is
     then forked from it instead of importing SGLang again (~18 s of CPU a start-up on a 2-core
     AVX2 EPYC). `SGLANG_SSD_ZYGOTE=0` keeps exec'd launchers; a socket path already in

@@ -50,10 +50,11 @@ class KeyedServer:
         return response.status_code, response.json()
 
     def config(self) -> dict:
-        """`GET /ssd/config` with the admin key (raises AssertionError on a non-200)."""
+        """`GET /ssd/config`'s settings, with the admin key (raises AssertionError on a
+        non-200)."""
         status, config = self.call("GET", "/ssd/config", self.admin_key)
         assert status == 200 and isinstance(config, dict), config
-        return config
+        return config["settings"]
 
     def generate(self, new_tokens: int, prompt: str | None = None) -> dict:
         """Greedy `/generate` of `new_tokens` tokens (of `PROMPT_IDS`, or of `prompt`) with the

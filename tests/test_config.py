@@ -17,7 +17,6 @@ from sglang_ssd.config import (
     TargetCapacity,
     add_ssd_args,
     fanout_budget_limit,
-    parse_cpu_list,
 )
 from sglang_ssd.launch_server import apply_defaults, build_config, split_args
 from sglang_ssd.testing.processes import run_module
@@ -71,7 +70,7 @@ def test_every_flag_is_generated_from_its_declaration():
     expected = SSDConfig(3, "sync", 2, 3, "uniform", 0.5, "ngram", 4, "cpu", (1, 2), 9.0)
     assert got == expected
     assert SSDConfig.from_namespace(parser.parse_args([]), lookahead=4) == SSDConfig()
-    assert SSDConfig().mode == "async"  # auto is opt-in until its calibration is mended
+    assert SSDConfig().mode == "auto"  # each round the arrangement measured fastest
     live = {"mode", "tree_depth", "beta", "fanout_budget", "fanout", "backup"}
     assert set(LIVE_FIELDS) == live
 
@@ -85,7 +84,7 @@ def test_the_launchers_help_prints_every_flag_with_its_text() -> None:
         if FLAGS[name].cli:
             assert FLAGS[name].option in output
     text = " ".join(output.split())  # argparse wraps help text at the terminal's width
-    assert "must be 5% faster" in text and "--- SGLang's flags" in text
+    assert "by 5% or more" in text and "--- SGLang's flags" in text
 
 
 @pytest.mark.parametrize("bad", [{"beta": "x"}, {"fanout_budget": None}, {"draft_cpus": ()}])
@@ -97,19 +96,6 @@ def test_wrong_types_and_empty_values_are_refused(bad):
 def test_unknown_json_key_is_refused():
     with pytest.raises(SSDConfigError, match="unknown"):
         SSDConfig.from_json('{"lookahead": 4, "warp": 9}')
-
-
-@pytest.mark.parametrize(
-    ("text", "expected"), [("1", (1,)), ("0-3", (0, 1, 2, 3)), ("3,1-2", (1, 2, 3))]
-)
-def test_cpu_lists(text, expected):
-    assert parse_cpu_list(text) == expected
-
-
-@pytest.mark.parametrize("text", ["", "a", "3-1", "1,,2", "-1"])
-def test_bad_cpu_lists(text):
-    with pytest.raises(SSDConfigError):
-        parse_cpu_list(text)
 
 
 def test_split_args_separates_ssd_flags_and_keeps_sglang_order():

@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {
     "sglang_ssd": ROOT / "sglang_ssd",
     "sglang_ssd_kernels": ROOT / "kernels" / "sglang_ssd_kernels",
+    "eval": ROOT / "eval",  # the benchmarks: no cycles either
 }
 
 
@@ -162,6 +163,10 @@ def test_no_import_cycles() -> None:
         ("sglang_ssd.speculator", "sglang_ssd.worker"),
         ("sglang_ssd.saguaro", "sglang_ssd.worker"),
         ("sglang_ssd.saguaro", "sglang_ssd.speculator"),
+        # Process start-up and placement sit beneath both sides and what plugs into SGLang.
+        ("sglang_ssd.launch", "sglang_ssd.worker"),
+        ("sglang_ssd.launch", "sglang_ssd.speculator"),
+        ("sglang_ssd.launch", "sglang_ssd.integration"),
     ],
 )
 def test_layers_do_not_import_each_other(importer: str, forbidden: str) -> None:

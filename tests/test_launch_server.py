@@ -26,7 +26,7 @@ def test_a_draft_that_is_not_a_folder_is_refused_with_a_message(tmp_path: Path) 
 
 SPECULATOR_ZYGOTE = """
 import json, os, sys
-from sglang_ssd import zygote
+from sglang_ssd.launch import zygote
 from sglang_ssd.launch_server import start_speculator_zygote
 
 environ = dict(os.environ)

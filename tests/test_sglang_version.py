@@ -1,4 +1,4 @@
-"""An SSD server refuses an SGLang release other than the supported one (issue 31, item 11)."""
+"""An SSD server refuses an SGLang release other than the supported one."""
 
 from __future__ import annotations
 

@@ -13,7 +13,8 @@ Both carry the flags every sharing module needs, and nothing that changes greedy
   than 64 tokens prefills in chunks (most prompts here are shorter: one chunk, as by default);
   hidden states and the whitespace bound act only on requests that ask for them;
 - AR: `--disable-overlap-schedule` (plain decoding is exact under penalties only without SGLang's
-  overlap scheduler: README, Exactness; greedy output without penalties is the same either way);
+  overlap scheduler: docs/design.md#request-options-in-detail; greedy output without penalties
+  is the same either way);
 - SSD: `--enable-metrics` and `--decode-log-interval 1` (the API module reads the gauges and the
   decode log line).
 
@@ -30,7 +31,7 @@ from typing import Any
 
 import requests
 
-from eval.harness import ServerProvider
+from eval.run_settings import ServerProvider
 from eval.servers import Server
 from sglang_ssd.config import LIVE_FIELDS
 

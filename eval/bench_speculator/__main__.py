@@ -52,7 +52,7 @@ def _barrier(sync_dir: Path, role: str, other: str, timeout_s: float = 900.0) ->
 
 def run_worker(role: str, cpu: int, spec_path: Path, out: Path) -> None:
     """Subprocess body: pin to `cpu`, load the model, time it, write JSON to `out`."""
-    from sglang_ssd.placement import pin_process
+    from sglang_ssd.launch.placement import pin_process
 
     pin_process([cpu])
     spec = json.loads(spec_path.read_text())

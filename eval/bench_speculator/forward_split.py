@@ -1,6 +1,6 @@
 """`python -m eval.bench_speculator.forward_split`: where one tree forward of the draft goes.
 
-"The forward" is one tree-decode forward of `engine.build` (issue 30): fan-out budget B rows
+"The forward" is one tree-decode forward of `engine.build`: fan-out budget B rows
 (one request; B = 1 and B = 8 by default), tree depth D = 4, on one pinned core, the draft with
 its default reduced vocabulary (`--ssd-draft-vocab`). Each measured build follows a depth-D
 cache hit, as in serving. Per tree forward it reports, in milliseconds (medians over builds):
@@ -23,7 +23,7 @@ its multiply-adds, from the model's shapes.
 CPU, `dynamic=True`): `mlp-norms` (the MLP with its SiLU x up, and both RMSNorms) or `layer`
 (the whole decoder layer; dynamo breaks the graph at the paged attention). The report's
 `wall_s` (the whole measurement) then holds the compiling, in its first warm-up build, beside
-what a `--compile none` run's `wall_s` holds. Issue 30 item 2 asked for it to be measured.
+what a `--compile none` run's `wall_s` holds.
 
 Usage: python -m eval.bench_speculator.forward_split [--rows 1 8] [--depth 4] [--repeats 9]
     [--cpu 1] [--draft PATH] [--draft-runtime auto] [--compile {none,mlp-norms,layer}]
@@ -320,7 +320,7 @@ def compile_layers(model: DraftModel, scope: str) -> None:
 
 @contextlib.contextmanager
 def _pinned(cpu: int) -> Iterator[None]:
-    from sglang_ssd.placement import pin_process
+    from sglang_ssd.launch.placement import pin_process
 
     pin_process([cpu])
     torch.set_num_threads(1)

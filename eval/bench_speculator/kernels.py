@@ -1,5 +1,5 @@
 """`python -m eval.bench_speculator.kernels`: the draft's projections under each CPU weight
-kernel torch offers, on one core, against the core's streaming floor (issue 30, item 3).
+kernel torch offers, on one core, against the core's streaming floor.
 
 A draft forward's matmuls are its decoder projections (q, k, v, o, gate, up, down per layer) and
 its LM head over the draft vocabulary. This times that chain as one `F.linear`-like call per
@@ -235,7 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from eval.configs import default_model_dirs
     from eval.provenance import run_header
-    from sglang_ssd.placement import pin_process
+    from sglang_ssd.launch.placement import pin_process
 
     draft_dir = a.draft if a.draft is not None else default_model_dirs()[1]
     if not (draft_dir / "config.json").is_file():

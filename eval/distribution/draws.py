@@ -156,7 +156,7 @@ def configure(server: Server, settings: dict[str, Any]) -> bool:
     if response.status_code in (404, 405):
         return False
     assert response.status_code == 200, response.text
-    current = requests.get(f"{server.url}/ssd/config", timeout=60).json()
+    current = requests.get(f"{server.url}/ssd/config", timeout=60).json()["settings"]
     assert {k: current[k] for k in settings} == settings, current
     return True
 

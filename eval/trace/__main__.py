@@ -17,6 +17,7 @@ from eval import cli_options, datasets
 from eval import trace as package
 from eval.configs import model_dirs
 from eval.provenance import model_info, run_header
+from eval.results_io import read_results
 from eval.sampling import Sampling
 from eval.trace.from_run import RunTraceError, check_run_file, run_answers, trace_from_run
 from eval.trace.record import add_recording_options, load_recording, record
@@ -73,7 +74,7 @@ def cmd_record(a: argparse.Namespace, argv: Sequence[str]) -> int:
 
 def cmd_from_run(a: argparse.Namespace, argv: Sequence[str]) -> int:
     """Write the greedy trace of `a.config`'s outputs in the `eval run` results `a.results`."""
-    results = check_run_file(json.loads(a.results.read_text()), a.results)
+    results = check_run_file(read_results(a.results), a.results)
     target_dir, draft_dir = model_dirs(a.target, a.draft)
     tokenizer = datasets.load_tokenizer(target_dir)
     ids = [p["id"] for p in results["prompts"]]

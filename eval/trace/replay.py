@@ -205,7 +205,7 @@ _WORKER: dict[str, Any] = {}
 def _replay_worker_init(draft: dict[str, Any], cpus: Any) -> None:
     """Pool initializer: pin to one free core (one torch thread) and load the draft once
     (`draft`: `cli_options.load_draft`'s keyword arguments)."""
-    from sglang_ssd.placement import pin_process
+    from sglang_ssd.launch.placement import pin_process
 
     pin_process([cpus.get()])
     _WORKER["model"] = cli_options.load_draft(**draft)

@@ -1,5 +1,5 @@
 """`python -m sglang_ssd.models build eagle3`: train an EAGLE-3 head for the target on this CPU,
-reproducibly, and store it in the model cache with a manifest (issue 15, item 5).
+reproducibly, and store it in the model cache with a manifest.
 
 Steps (one `--minutes` budget for all; resumable: the work folder keeps the answers generated
 and the training checkpoint, so running the same command again continues):

@@ -1,5 +1,5 @@
 """Train an EAGLE-3 head for a transformers target on CPU: a new head, the training loop with a
-time budget, checkpoints and resume (issue 15, item 5).
+time budget, checkpoints and resume.
 
 Recipe (EAGLE-3, Li et al. 2025): the head reads the target's fused low/mid/high features
 (`features.capture_layers`), is trained with the training-time test unrolled `steps` draft steps

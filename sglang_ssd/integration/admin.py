@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from sglang_ssd.config import FLAGS, LIVE_FIELDS, SSDConfig, SSDConfigError
+from sglang_ssd.integration.settings_view import AUTO, in_force, settings_view
 from sglang_ssd.saguaro import Backup, FallbackPolicy
 from sglang_ssd.transport.admin_messages import (
     AdminReply,
@@ -73,9 +74,8 @@ def admin_addresses(port_args: Any, dp_size: int) -> list[str]:
 
 # ------------------------------------------------------------------ scheduler side
 def settings(worker: SSDWorker) -> SSDConfig:
-    """The SSD settings in force (`SpeculatorAdmin.config`, the copy live changes update);
-    `tree_depth` None (or 0) means self-tuned: the D in force is `/ssd/stats`'
-    `speculator.tree_depth`."""
+    """The SSD settings (`SpeculatorAdmin.config`, the copy live changes update); None where
+    left to the server (`tree_depth` None: self-tuned), whose value in force `in_force` gives."""
     return worker.speculator_admin.config
 
 
@@ -231,9 +231,10 @@ def handle(worker: SSDWorker, frame: bytes, scheduler: Any = None) -> AdminReply
         if not isinstance(request, AdminRequest):
             raise AdminError(400, f"expected an AdminRequest, got {type(request).__name__}")
         if request.op == "config":
-            return AdminReply(config=settings(worker))
+            return AdminReply(config=settings(worker), in_force=in_force(worker))
         if request.op == "configure":
-            return configure(worker, request.changes)
+            reply = configure(worker, request.changes)
+            return msgspec.structs.replace(reply, in_force=in_force(worker))
         return AdminReply(stats=stats(worker, scheduler))
     except AdminError as exc:
         return AdminReply(status=exc.status, error=str(exc))
@@ -290,14 +291,17 @@ def start_admin_server(worker: SSDWorker, port_args: Any, scheduler: Any = None)
 
 
 # ------------------------------------------------------------------ HTTP side
-def parse_changes(body: bytes) -> LiveSettings:
-    """The `LiveSettings` of a `POST /ssd/config` body (a JSON object of some live settings).
+def parse_changes(body: bytes, current: dict[str, Any] | None = None) -> LiveSettings:
+    """The `LiveSettings` of a `POST /ssd/config` body (a JSON object of some settings).
+
+    A setting fixed at startup is accepted at its `current` value (`settings_view`'s: GET's
+    ``settings`` posts back unchanged) and dropped; `tree_depth` "auto" self-tunes, as 0 does.
 
     Raises:
         AdminError: 400 for malformed JSON, a non-object, an empty object, a setting fixed at
-            startup (named by its flag), a null value (a setting left out keeps its value;
-            `tree_depth` 0 self-tunes again), unknown keys, wrong types and values `SSDConfig`
-            refuses (the message names the setting).
+            startup given another value (named by its flag), a null value (a setting left out
+            keeps its value; `tree_depth` 0 self-tunes again), unknown keys, wrong types and
+            values `SSDConfig` refuses (the message names the setting).
     """
     settable = f"settable at run time: {', '.join(LIVE_FIELDS)}"
     try:
@@ -306,7 +310,12 @@ def parse_changes(body: bytes) -> LiveSettings:
         detail = str(exc).removeprefix("JSON is malformed: ")
         raise AdminError(400, f"malformed JSON: {detail}") from None
     given = raw if isinstance(raw, dict) else {}
-    fixed = [FLAGS[key].option for key in given if key in FLAGS and key not in LIVE_FIELDS]
+    current = current or {}
+    fixed = [
+        FLAGS[key].option
+        for key, value in given.items()
+        if key in FLAGS and key not in LIVE_FIELDS and (key not in current or current[key] != value)
+    ]
     if fixed:
         raise AdminError(400, f"fixed at startup: {', '.join(fixed)} ({settable})")
     nulls = [key for key, value in given.items() if value is None]
@@ -316,6 +325,10 @@ def parse_changes(body: bytes) -> LiveSettings:
             400, f"null is not a value of {', '.join(nulls)}: leave a setting out to keep it"
             f"{self_tune} ({settable})",
         )  # fmt: skip
+    if isinstance(raw, dict):
+        raw = {k: v for k, v in raw.items() if k not in FLAGS or k in LIVE_FIELDS}
+        if raw.get("tree_depth") == AUTO:
+            raw["tree_depth"] = 0
     try:
         changes = msgspec.convert(raw, LiveSettings)
     except msgspec.ValidationError as exc:
@@ -396,17 +409,17 @@ def combine(op: str, replies: list[AdminReply]) -> tuple[int, Any]:
 def http_body(op: str, reply: AdminReply) -> Any:
     """The JSON body of a successful `reply` to an `op` request, as the HTTP routes return it.
 
-    config: every setting; configure: ``{"acknowledged": ..., "config": ...}`` (acknowledged
-    holds the settings given, as the speculator reports them in force, or with
-    ``applied_locally: true`` when no speculator took them);
-    stats: the counters.
+    config: ``{"settings": ..., "in_force": ...}``, every setting as given (`settings_view`,
+    which POST takes back) and its value in force now (`in_force`); configure: the same with
+    ``"acknowledged"`` first (the settings given, as the speculator reports them in force, or
+    with ``applied_locally: true`` when no speculator took them); stats: the counters.
     """
     if op == "stats":
         return reply.stats
-    config = msgspec.to_builtins(reply.config)
+    body = {"settings": settings_view(reply.config), "in_force": reply.in_force or {}}
     if op == "config":
-        return config
+        return body
     acknowledged = msgspec.to_builtins(reply.acknowledged)
     if reply.applied_locally:
         acknowledged = {"applied_locally": True, **acknowledged}
-    return {"acknowledged": acknowledged, "config": config}
+    return {"acknowledged": acknowledged, **body}

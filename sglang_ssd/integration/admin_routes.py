@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from sglang.srt.utils.auth import AuthLevel, auth_level
 
 from sglang_ssd.integration.admin import AdminError, ask_reply, combine, parse_changes
+from sglang_ssd.integration.settings_view import settings_view
 from sglang_ssd.transport.admin_messages import (
     AdminRequest,
 )
@@ -38,14 +39,19 @@ def add_routes(app: FastAPI, addresses: Sequence[str]) -> None:
 
     @auth_level(AuthLevel.ADMIN_OPTIONAL)
     async def get_ssd_config() -> JSONResponse:
-        """Current SSD settings: β, fan-out budget and shape, backup, mode, tree depth, γ."""
+        """Every SSD setting as given ("settings") and the value in force ("in_force")."""
         return await forward(AdminRequest(op="config"))
 
     @auth_level(AuthLevel.ADMIN_OPTIONAL)
     async def set_ssd_config(request: Request) -> JSONResponse:
-        """Change the live settings (a JSON object of some of `config.LIVE_FIELDS`)."""
+        """Change the live settings (a JSON object of some of `config.LIVE_FIELDS`; settings
+        fixed at startup may be given at their value, as GET's "settings" lists them)."""
+        body = await request.body()
+        now = await asyncio.to_thread(ask_reply, addresses[0], AdminRequest(op="config"))
+        if now.status != 200 or now.config is None:
+            return _error(now.status, now.error or "no settings from the SSD worker")
         try:
-            changes = parse_changes(await request.body())
+            changes = parse_changes(body, settings_view(now.config))
         except AdminError as exc:
             return _error(exc.status, str(exc))
         return await forward(AdminRequest(op="configure", changes=changes))

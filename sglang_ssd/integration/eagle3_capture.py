@@ -3,8 +3,8 @@
 SSD presents itself to SGLang like NGRAM, so SGLang's own switch for EAGLE-3 feature capture
 (`SpecAuxHiddenStateConfig.eagle_use_aux_hidden_state`, set for `--speculative-algorithm EAGLE3`
 only) stays off. This hook turns it on for an SSD server whose `--speculative-draft-model-path`
-is an EAGLE-3 head, with the layers the head's config names (issue: EAGLE-3 heads as SSD's
-speculator, item 3). SGLang then calls the model's `set_eagle3_layers_to_capture` itself, in
+is an EAGLE-3 head, with the layers the head's config names. SGLang then calls the model's
+`set_eagle3_layers_to_capture` itself, in
 `ModelRunner.init_attention_backends`, before any CUDA-graph capture, so captured graphs include
 the capture. With `CaptureHiddenMode.FULL` (set per forward by `SSDWorker`) the forward's
 `logits_output.hidden_states` are then the features: [tokens, num_aux × target hidden], the

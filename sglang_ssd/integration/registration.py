@@ -111,7 +111,7 @@ def disable_verify_cuda_graphs(server_args: ServerArgs) -> None:
     (γ + 1 on CUDA) and the mask buffer refilled per round would fit the runner, but a replay of
     SSD's verify input has never run on a GPU, and a wrong replay is a wrong token. So SSD's
     verify forwards run eagerly until a GPU run times both and checks greedy equality under
-    replay; what eager costs on paper is in docs/cuda.md (issue 31, item 1).
+    replay; what eager costs on paper is in docs/cuda.md.
 
     This runs in `handle_speculative_decoding`, after SGLang parsed `cuda_graph_config`, so
     it rewrites that resolved config's decode phase (writes through SGLang's plugin recorder
@@ -176,9 +176,9 @@ def refuse_verify_cuda_graph(server_args: ServerArgs) -> None:
         ValueError: naming the flag and the reason.
     """
     from sglang_ssd.config import SSDConfig
-    from sglang_ssd.draft_runtimes import AUTO, HEAD_RUNTIME
     from sglang_ssd.integration.server_flags import on_cpu
     from sglang_ssd.integration.verify_graphs import verify_cuda_graph_refusal
+    from sglang_ssd.runtime_registry import AUTO, HEAD_RUNTIME
 
     config = SSDConfig.from_env() or SSDConfig()
     if not config.verify_cuda_graph:
@@ -203,7 +203,7 @@ def check_gpu_placement(server_args: ServerArgs, device_count: int | None = None
     """
     from sglang_ssd.config import SSDConfig
     from sglang_ssd.integration.server_flags import on_cpu
-    from sglang_ssd.placement import TargetGpus, draft_gpu
+    from sglang_ssd.launch.placement import TargetGpus, draft_gpu
 
     config = SSDConfig.from_env() or SSDConfig()
     if on_cpu(server_args) or config.draft_device == "cpu":
@@ -229,11 +229,11 @@ def check_cpu_placement(server_args: ServerArgs, environ: dict[str, str] | None 
     """
     import os
 
-    from sglang_ssd import placement
     from sglang_ssd.config import SSDConfig
     from sglang_ssd.integration.server_flags import on_cpu
-    from sglang_ssd.placement import TargetGpus
-    from sglang_ssd.replica_cpus import BIND_ENV, plan_bind
+    from sglang_ssd.launch import placement
+    from sglang_ssd.launch.placement import TargetGpus
+    from sglang_ssd.launch.replica_cpus import BIND_ENV, plan_bind
 
     gpus = TargetGpus.of(server_args)
     if not on_cpu(server_args) or gpus.dp_size == 1:

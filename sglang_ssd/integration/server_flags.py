@@ -1,8 +1,8 @@
 """How SSD treats SGLang's server flags: each one it has been checked against, declared once.
 
 `FLAGS` is the single declaration behind three things: the startup refusals
-(`refuse_unsupported_flags`, called by `registration.validate_ssd_server_args`), the README's
-table of server flags (`flags_table`, kept equal to the README by a test) and the tests that
+(`refuse_unsupported_flags`, called by `registration.validate_ssd_server_args`), docs/flags.md's
+table of server flags (`flags_table`, rendered by `scripts/render_docs.py`) and the tests that
 name each row (a "works" row names the test that serves with it, a "refused" row is started in
 `tests/integration/test_server_flags.py`). A flag not listed passes through to SGLang untouched.
 
@@ -169,7 +169,8 @@ FLAGS: tuple[FlagRule, ...] = (
         "`--enable-torch-compile` (on CPU)",
         False,
         "SGLang's CPU graph runner compiles decode batches and asserts that no speculative "
-        "algorithm runs; SSD's rounds are TARGET_VERIFY forwards (on CUDA: issue 14)",
+        "algorithm runs; SSD's rounds are TARGET_VERIFY forwards (on CUDA the flag passes "
+        "through to SGLang)",
         _REFUSAL_TEST,
         lambda cfg: on_cpu(cfg) and bool(_get(cfg, "enable_torch_compile")),
     ),
@@ -297,7 +298,7 @@ def refuse_unsupported_flags(cfg: Any) -> None:
 
 
 def flags_table() -> str:
-    """The README's table of server flags, rendered from `FLAGS` (markdown)."""
+    """docs/flags.md's table of server flags, rendered from `FLAGS` (markdown)."""
     rows = ["| flag | with SSD | why | test |", "|---|---|---|---|"]
     for rule in FLAGS:
         treatment = "works" if rule.works else "refused at startup"

@@ -1,4 +1,4 @@
-"""The one SGLang release sglang-ssd supports, checked at startup (issue 31, item 11).
+"""The one SGLang release sglang-ssd supports, checked at startup.
 
 SSD reaches into SGLang's scheduler, speculative registry and CUDA attention backends at the
 attributes of one release (`tests/integration/test_sglang_canary.py` pins the ones read); on

@@ -7,7 +7,7 @@ Each caller names its own weight where it is used (how fast it forgets); the rul
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 def ema(old: float | None, new: float, weight: float) -> float:
@@ -40,3 +40,35 @@ class Ema:
         """Fold in one observation `x` (`ema`)."""
         self.value = ema(self.value, x, self.weight)
         self.count += 1
+
+
+@dataclass
+class RecentMedian:
+    """The median of the last `window` observations (the lower middle one of an even count),
+    with the number of observations folded in: for times whose outliers all lie above (a
+    one-time cost, another process on a lent core), which would drag a moving average.
+
+    Raises:
+        ValueError: on a window below 1.
+    """
+
+    window: int
+    count: int = 0
+    _recent: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.window < 1:
+            raise ValueError(f"a median's window must be >= 1, got {self.window}")
+
+    def add(self, x: float) -> None:
+        """Fold in one observation `x`."""
+        self._recent = [*self._recent[1 - self.window :], x] if self.window > 1 else [x]
+        self.count += 1
+
+    @property
+    def value(self) -> float | None:
+        """The median so far; None before any observation."""
+        if not self._recent:
+            return None
+        ordered = sorted(self._recent)
+        return ordered[(len(ordered) - 1) // 2]

@@ -18,8 +18,9 @@ import time
 
 import torch
 
-from sglang_ssd.config import SSDConfig, parse_cpu_list
-from sglang_ssd.placement import pin_process
+from sglang_ssd.config import SSDConfig
+from sglang_ssd.launch.cpu_lists import parse_cpu_list
+from sglang_ssd.launch.placement import pin_process
 from sglang_ssd.speculator import draft_vocab
 from sglang_ssd.speculator.engine import SpeculatorEngine
 from sglang_ssd.speculator.kv_pool import POOL_MEMORY_SHARE

@@ -30,7 +30,7 @@ from sglang_ssd.speculator.draft_vocab import DraftVocab, eos_ids_of
 from sglang_ssd.speculator.kv_pool import KVPool, affordable_slots, available_memory, slot_bytes
 
 if TYPE_CHECKING:
-    from sglang_ssd.draft_runtimes import LoadRequest
+    from sglang_ssd.runtime_registry import LoadRequest
 
 ATTN_IMPLEMENTATION = "ssd_paged"
 _CTX_KWARG = "ssd_ctx"

@@ -146,8 +146,7 @@ class SpeculatorEngine:
     def q_columns(self) -> torch.Tensor | None:
         """int64 [W] on the CPU, ascending: the only ids where this engine's q rows can be
         non-zero, the draft vocabulary in force (the runtime gives every other id logit -inf,
-        `DraftModel.use_vocab`); None: every id. The link sends q at this width (issue 31
-        item 8)."""
+        `DraftModel.use_vocab`); None: every id. The link sends q at this width."""
         vocab = self.model.vocab
         return None if vocab is None else vocab.ids
 
@@ -389,18 +388,23 @@ class SpeculatorEngine:
             state.branches = None
 
     # ---------------------------------------------------------------- serving
-    def serve(self, rids: Sequence[str], backup: str, depth: int) -> list[Draft | None]:
+    def serve(
+        self, rids: Sequence[str], backup: str, depth: int, feed_all: bool = False
+    ) -> list[Draft | None]:
         """The draft of each request: its cache hit, else the backup (`jit`, `ngram`, `random`).
 
         Requests with a short backlog (at most `serve_prefill_tokens` unfed tokens; with a
-        feature-reading runtime, one chunk of any backlog) are fed first; those still
-        prefilling a longer one, and those whose jit draft the KV pool cannot
-        hold, get an n-gram draft (or the point-mass backup the target chose).
+        feature-reading runtime, one chunk of any backlog; with `feed_all`, all of it) are fed
+        first; those still prefilling a longer one, and those whose jit draft the KV pool
+        cannot hold, get an n-gram draft (or the point-mass backup the target chose).
 
         Args:
             rids: requests that need a draft for this round, in batch order.
             backup: the fallback the target chose for this batch (Theorem 17).
             depth: D for backup drafts (γ).
+            feed_all: feed every backlog now (a sync round: the target waits for this draft
+                on every core, and its verify stops the speculator, so no prefill would go on
+                between rounds).
 
         Returns:
             One `Draft` per rid, or None for an unknown rid ("missing").
@@ -417,10 +421,12 @@ class SpeculatorEngine:
             # gets a backup draft now, its prefill going on between rounds. A runtime that reads
             # the target's features gets a prompt's features with its first Step (nothing could
             # feed it before), and its forwards are cheap: it gets one chunk now.
-            fed = need
-            if not self.model.uses_features:
+            fed, budget = need, self.prefill_chunk_tokens
+            if feed_all:
+                budget = max(budget, sum(s.feedable for s in need))
+            elif not self.model.uses_features:
                 fed = [s for s in need if s.feedable <= self.serve_prefill_tokens]
-            self._prefill(fed, self.prefill_chunk_tokens)
+            self._prefill(fed, budget)
             ready = [s for s in need if s.prefilled]
             pool_full = self._pool_free() == 0  # else the chunk's budget ran out first
             for s in need:

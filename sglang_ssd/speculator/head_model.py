@@ -40,7 +40,7 @@ from sglang_ssd.speculator.draft_vocab import DraftVocab
 from sglang_ssd.speculator.kv_pool import KVPool, affordable_slots, available_memory, slot_bytes
 
 if TYPE_CHECKING:
-    from sglang_ssd.draft_runtimes import LoadRequest
+    from sglang_ssd.runtime_registry import LoadRequest
 
 EMBED, LM_HEAD = "model.embed_tokens.weight", "lm_head.weight"
 

@@ -7,13 +7,9 @@ on FBGEMM, whose kernels use VNNI where the CPU has it and AVX2 otherwise). The 
 model (embeddings, norms, RoPE, attention over the paged pool) runs in float32, so the KV pool
 is float32 too.
 
-Why (issue 30, "fewer weight bytes"): one tree forward of the 0.5B draft streams its weights;
-int8 halves bf16's bytes, and on a CPU without AVX512-BF16 bf16 matmuls have no native
-instructions at all. Measured on one core (24 layers' projections + the 65,558-row head,
-`eval.bench_speculator.forward_split` has the whole forward): 8 rows 31 ms against bf16's
-109 ms, 1 row 26 ms against 89 ms on an AMD EPYC with AVX-512/VNNI. torchao's int8 configs run
-3-10x slower than bf16 in eager mode (they are written for `torch.compile`), and torch's int4
-weight-packed kernel is as fast at 1 row but 85 ms at 8.
+Why: one tree forward of the 0.5B draft streams its weights, and int8 halves bf16's bytes (on
+a CPU without AVX512-BF16, bf16 matmuls have no native instructions at all); the kernels
+compared: docs/benchmarks.md#draft-runtimes.
 
 Exactness is untouched: the speculator sends the q it sampled from, whatever precision made it,
 and the target's verification against that q is exact (paper §3). Activations are quantised with
@@ -32,7 +28,7 @@ from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 from sglang_ssd.speculator.draft_model import DraftModel
 
 if TYPE_CHECKING:
-    from sglang_ssd.draft_runtimes import LoadRequest
+    from sglang_ssd.runtime_registry import LoadRequest
     from sglang_ssd.speculator.draft_vocab import DraftVocab
 
 ENGINE = "fbgemm"  # torch's x86 int8 kernels (`torch.backends.quantized.supported_engines`)

@@ -1,7 +1,7 @@
 """Whether the speculator's target-side process still runs.
 
 An exec'd speculator is that process's child; one forked from the launcher's speculator zygote
-(`sglang_ssd.zygote`) is the zygote's child, so "my parent changed" is not the test: the
+(`sglang_ssd.launch.zygote`) is the zygote's child, so "my parent changed" is not the test: the
 process itself is looked up.
 """
 

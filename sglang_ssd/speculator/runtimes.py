@@ -10,7 +10,7 @@ count and phase timer, and whether it reads the target's features. Three runtime
 - "eagle3-head": `speculator.head_model.HeadDraftModel`, an EAGLE-3 head over the target's
   features and embeddings (the default for a head folder; `eagle3.is_eagle3_head`).
 A new runtime is one module with a class implementing `DraftRuntime` and a
-`create(LoadRequest)` classmethod, plus one `RuntimeEntry` line in `sglang_ssd.draft_runtimes`
+`create(LoadRequest)` classmethod, plus one `RuntimeEntry` line in `sglang_ssd.runtime_registry`
 (the registry of names, which `--ssd-draft-runtime`'s choices come from). A runtime's module is
 imported only when it is chosen.
 """
@@ -21,7 +21,14 @@ import importlib
 import logging
 from typing import TYPE_CHECKING, Protocol
 
-from sglang_ssd.draft_runtimes import AUTO, HEAD_RUNTIME, INT8_RUNTIME, NAMES, RUNTIMES, LoadRequest
+from sglang_ssd.runtime_registry import (
+    AUTO,
+    HEAD_RUNTIME,
+    INT8_RUNTIME,
+    NAMES,
+    RUNTIMES,
+    LoadRequest,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +90,7 @@ class DraftRuntime(Protocol):
 def resolve(name: str, model_path: str, device: str = "cpu") -> str:
     """The runtime `name` means for the draft folder `model_path` on `device`: "auto" is
     "eagle3-head" for an EAGLE-3 head folder; for a model folder it is "torch-int8" on a CPU
-    with torch's FBGEMM kernels (the fastest there: README, Draft runtimes) and "torch"
+    with torch's FBGEMM kernels (the fastest there: docs/benchmarks.md#draft-runtimes) and "torch"
     elsewhere, logging why.
 
     Raises:

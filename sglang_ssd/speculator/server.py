@@ -20,8 +20,8 @@ from typing import TypeVar
 import msgspec
 import torch
 
+from sglang_ssd.launch.placement import machine_cpus, widened
 from sglang_ssd.phases import PhaseTimer
-from sglang_ssd.placement import machine_cpus, widened
 from sglang_ssd.speculator.engine import OutcomeIn, SpeculatorEngine
 from sglang_ssd.speculator.parent import parent_alive
 from sglang_ssd.speculator.state import Draft
@@ -146,7 +146,13 @@ class SpeculatorServer:
             self._add_features(step)
         with steps.phase("backup"), self._cores(step.draft_cpus):
             drafts = self._timed_rest(
-                "serve", lambda: engine.serve(step.requests, step.backup, engine.config.lookahead)
+                "serve",
+                lambda: engine.serve(
+                    step.requests,
+                    step.backup,
+                    engine.config.lookahead,
+                    feed_all=not step.prespeculate,
+                ),
             )
         with engine.phases.phase("pack"):
             reply, tokens, q = self._pack(step, drafts, self._timing())

@@ -2,7 +2,7 @@
 
 The target sends features f_p (the aux hidden states of its `layers_to_capture`, n × hidden
 wide) for the prompt after its prefill and for the k + 1 committed positions of every verified
-round (issue: EAGLE-3 heads as SSD's speculator). An EAGLE-3 head's row for the token at
+round. An EAGLE-3 head's row for the token at
 position p + 1 reads fc(f_p) (`head_model`); this buffer holds the features not yet consumed.
 """
 

@@ -13,7 +13,8 @@ has it). Per-row scales are given to it by dividing each row by its largest |x| 
 two anchor rows, +1 and -1: every call then sees the range [-1, 1] exactly, so FBGEMM's
 per-call scale and zero point are the same constants whatever the batch, and each row's codes
 are its own. The output rows are multiplied back by their scales. (`torch._int_mm`, oneDNN's
-int8 GEMM, was the slower choice on the verify shapes: docs/benchmarks.md, "The int8 kernel".)
+int8 GEMM, was the slower choice on the verify shapes:
+docs/benchmarks.md#the-int8-kernel-chosen-by-measurement-on-the-verify-shapes.)
 """
 
 from __future__ import annotations

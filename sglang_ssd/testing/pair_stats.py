@@ -141,7 +141,7 @@ def pair_stats(
 
 
 def pair_problems(stats: PairStats, lookahead: int = DEFAULT_LOOKAHEAD) -> list[str]:
-    """Why a pair cannot make SSD tests fail, or [] when it can (issue #11's thresholds)."""
+    """Why a pair cannot make SSD tests fail, or [] when it can."""
     problems = []
     if sorted(stats.distinct_ids)[len(stats.distinct_ids) // 2] < 16:
         problems.append(f"median distinct ids per output {stats.distinct_ids} < 16")

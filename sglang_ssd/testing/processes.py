@@ -1,6 +1,6 @@
 """Processes of a test: a server's speculator processes, found the same way whether they were
-exec'd by the target or forked from the launcher's speculator zygote (`sglang_ssd.zygote`); and a
-module run to its end from the test session's zygote when there is one (`run_module`)."""
+exec'd by the target or forked from the launcher's speculator zygote (`sglang_ssd.launch.zygote`);
+and a module run to its end from the test session's zygote when there is one (`run_module`)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import psutil
 
-from sglang_ssd import zygote
-from sglang_ssd.zygote import SPECULATOR_MODULE, argv_of
+from sglang_ssd.launch import zygote
+from sglang_ssd.launch.zygote import SPECULATOR_MODULE, argv_of
 
 
 def run_module(module: str, args: Sequence[str], timeout_s: float = 300.0) -> tuple[int, str]:
@@ -24,7 +24,7 @@ def run_module(module: str, args: Sequence[str], timeout_s: float = 300.0) -> tu
 
     Raises:
         subprocess.TimeoutExpired: after `timeout_s` s.
-        sglang_ssd.zygote.ZygoteError: the named zygote cannot be reached.
+        sglang_ssd.launch.zygote.ZygoteError: the named zygote cannot be reached.
     """
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     path = zygote.address()

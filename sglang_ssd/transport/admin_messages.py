@@ -35,7 +35,9 @@ class AdminReply(Message, tag="admin_reply"):
     the body its op returns.
 
     status/error: HTTP status, and why when not 200. config (ops config, configure): the
-    settings in force, `tree_depth` resolved to D. acknowledged (configure): the live settings
+    settings, as given at startup or changed since (None where chosen at run time). in_force
+    (ops config, configure): the value of each setting in force now, never None
+    (`admin.in_force`). acknowledged (configure): the live settings
     the speculator applied, or, with `applied_locally`, the changes the target applied without
     one (none running, or it did not answer). stats (stats): `/ssd/stats`'s counters, free-form
     (the round timer's and the speculator's counters, the miss policy's state).
@@ -44,6 +46,7 @@ class AdminReply(Message, tag="admin_reply"):
     status: Annotated[int, Meta(ge=100, le=599)] = 200
     error: Text = ""
     config: SSDConfig | None = None
+    in_force: dict[str, Any] | None = None
     acknowledged: LiveSettings | None = None
     applied_locally: bool = False
     stats: dict[str, Any] | None = None

@@ -49,22 +49,9 @@ from sglang_ssd.transport.wire import (
 )
 from sglang_ssd.transport.wire import Message as _Message
 
-# 2: Configure/ConfigureAck carry LiveSettings; dropped DraftEntry.round_id and
-# SpeculatorTiming.idle_s (nobody read them). 3: dropped Outcome.round_id (always 0) and
-# Close.reason (never read). 4: SpeculatorTiming.phases (seconds by phase, issue 12).
-# 5: Step.tree_depth (the target's self-tuned D for the builds after this Step) and
-# SpeculatorTiming.forwards / build_forwards. 6: Outcome.extra (tokens of plain rounds).
-# 7: Step.features / feature_size / feature_dtype (an EAGLE-3 head's target features).
-# 8: SSDConfig.draft_runtime (`--ssd-draft-runtime`), which AdminReply.config carries.
-# 9: SSDConfig.prefill_lend_tokens (`--ssd-prefill-lend-tokens`, a live setting).
-# 10: StatsReply.stats, a typed `SpeculatorStats` (was `counters`, a dict of named floats).
-# 11: Hello.q_columns and Drafts.q_columns: q travels at the draft vocabulary's width.
-# 12: Step.prespeculate (False: no build after this Step, a sync round) and
-# SSDConfig.sync_rounds (`--ssd-sync-rounds`, a live setting).
-# 13: Step.draft_cpus (a sync round's draft on every core); SSDConfig.mode is live and takes
-# auto / plain; SSDConfig.plain_rounds, prefill_lend_tokens and sync_rounds are gone;
-# SSDConfig.fanout takes predicted.
-PROTOCOL_VERSION = 13
+# Bumped whenever a message's schema changes; tests/transport/test_protocol_version.py pins
+# each version's schema digest, and git history says what changed.
+PROTOCOL_VERSION = 14
 
 Role = Literal["target", "speculator"]
 StepBackup = Literal[backup_names()]  # type: ignore[valid-type]  # `saguaro.draft_kinds`
@@ -93,7 +80,7 @@ class Hello(_Message, tag="hello", forbid_unknown_fields=False):
     process id; session: the token from the `LinkAddress` it was started with; q_columns: the
     ids of the draft vocabulary in force, ascending and distinct (None: every id), the only
     columns where a q row can be non-zero, so `Drafts` with `q_columns` send q at that width
-    (issue 31 item 8: 65,558 of 151,936 ids for the 0.5B draft's default vocabulary).
+    (65,558 of 151,936 ids for the 0.5B draft's default vocabulary).
     """
 
     version: Annotated[int, Meta(ge=0)]

@@ -246,7 +246,7 @@ NCCL_CLEAN_UP_ONLY = "2"
 
 def nccl_group(store: dist.Store, rank: int, opts: dist.ProcessGroupNCCL.Options):
     """The link's two-rank `ProcessGroupNCCL`, built so that a failed or timed-out transfer is a
-    Python exception on the calling thread, never the end of the process (issue 31 item 7).
+    Python exception on the calling thread, never the end of the process.
 
     torch's NCCL watchdog thread (`Watchdog::runLoop` in ProcessGroupNCCL.cpp) checks every
     posted work; on an error or a timeout it aborts the communicators when `SHOULD_CLEAN_UP`

@@ -1,5 +1,5 @@
 """What both message families of the SSD transport share: field bounds and types, the errors,
-the struct bases, the codec, and the live settings both carry (issue 29, item 7).
+the struct bases, the codec, and the live settings both carry.
 
 The link messages (target ↔ speculator, `messages`) and the admin messages (HTTP process ↔
 scheduler, `admin_messages`) are separate families with separate codecs, so neither can be sent

@@ -8,6 +8,6 @@ Step/Drafts over the link, with `request_messages` and `drafts_reply` translatin
 `speculator_admin` (live settings and counters over the link), `supervisor` (start, watch,
 fault, restart, stop and core lending of the speculator process) and `metrics` (per-round
 timers and per-request counts). Placement of the speculator
-is `sglang_ssd.placement`. Stands on `transport/` and `saguaro/`; never imports `speculator/`
+is `sglang_ssd.launch.placement`. Stands on `transport/` and `saguaro/`; never imports `speculator/`
 (tests/test_import_graph.py checks it).
 """

@@ -1,17 +1,26 @@
 """Which arrangement each decode round runs, from measured rates: `ArrangementPolicy`.
 
-The choice is measured, not modelled. Per batch-size bucket (1, 2, 3-4, 5-8, ...: `bucket`) and
-arrangement (`round_mode.Arrangement`) the policy keeps moving averages of the round's wall time
-(scheduler time between rounds included) and of the tokens it committed per request (k + 1,
-bonus included; 1 for a plain round), so its rate is tokens per request per second:
+The choice is measured. Per batch-size bucket (1, 2, 3-4, 5-8, ...: `bucket`) and arrangement
+(`round_mode.Arrangement`) the policy keeps the median of the recent rounds' wall times
+(scheduler time between rounds included: a median, as one-time costs and another process on a
+lent core only ever add time); the tokens per request each arrangement's round commits (k + 1,
+bonus included; 1 for a plain round) come from figures the arrangements share
+(`round_tokens.RoundTokens`: a chain's tokens, the async hit rate and a miss's tokens), so
+rounds of different text do not decide between them. An arrangement's rate is tokens per
+request per second:
 
-- calibration: the first rounds at a bucket run each offered arrangement in turn until
-  `calibration_rounds` of its rounds there are measured (sync first: the prior on a 2-core CPU);
-  the bucket's figures are then logged and its fastest arrangement is held;
+- calibration: the first bucket served runs each offered arrangement in turn until
+  `calibration_rounds` of its rounds there are measured (sync first: the prior on a 2-core CPU),
+  then logs its figures and holds the fastest; a bucket served later starts from what the
+  nearest calibrated bucket holds, the others measured by its probes (a ramp of requests passes
+  through buckets 1, 2 and 4 in a few rounds: calibrating each would spend them on the slower
+  arrangements);
 - live: every measured round updates its arrangement's figures at its bucket, so the held
-  arrangement follows the text; the others are re-probed for `probe_rounds` rounds at
-  intervals that double while probes confirm the choice (`ProbeSchedule`), each probe replacing
-  what that arrangement measured before (stale figures do not blend in);
+  arrangement follows the text; the others rated within `probe_within` of it are re-probed for
+  `probe_rounds` rounds at intervals that double while probes confirm the choice
+  (`ProbeSchedule`), each probe replacing the round times that arrangement measured before
+  (stale figures do not blend in); one rated further behind is not (its tokens are live from
+  the shared figures, and its round time would have to shrink by that factor);
 - switch: another arrangement takes over when it is rated `margin` times faster and what it
   saves over `horizon_rounds` of its rounds pays for the switch: the first round after a
   change of arrangement (a cold cache after moving to async: no pre-speculation ran; re-pinned
@@ -34,9 +43,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from sglang_ssd.saguaro.averages import Ema
+from sglang_ssd.saguaro.averages import Ema, RecentMedian
 from sglang_ssd.worker.probes import ProbeSchedule
 from sglang_ssd.worker.round_mode import Arrangement
+from sglang_ssd.worker.round_tokens import RoundTokens
 
 logger = logging.getLogger(__name__)
 
@@ -54,21 +64,16 @@ def bucket(batch_size: int) -> int:
     return 1 << (batch_size - 1).bit_length()
 
 
+ROUND_WINDOW = 7  # rounds whose median is an arrangement's round time
+
+
 @dataclass
 class Figures:
-    """One arrangement's measurements at one bucket: round seconds and tokens per request per
-    round (moving averages), and whether the next measured round starts them afresh (a probe)."""
+    """One arrangement's round seconds at one bucket (the median of its recent rounds), and
+    whether the next measured round starts it afresh (a probe)."""
 
-    seconds: Ema
-    tokens: Ema
+    seconds: RecentMedian = field(default_factory=lambda: RecentMedian(ROUND_WINDOW))
     fresh: bool = False
-
-    @property
-    def rate(self) -> float | None:
-        """Tokens per request per second; None before a measured round."""
-        if self.seconds.value is None or self.tokens.value is None or self.seconds.value <= 0:
-            return None
-        return self.tokens.value / self.seconds.value
 
 
 @dataclass
@@ -79,12 +84,14 @@ class ArrangementPolicy:
         offered: the arrangements to choose from (`round_mode.offered`), in calibration order;
             one: that one always.
         cycle: test-only: run the offered arrangements in turn, a switch every round.
-        ema_weight: weight in (0, 1] of a new round in the moving averages.
+        ema_weight: weight in (0, 1] of a new switch in the switch costs' moving averages.
         calibration_rounds: measured rounds of each offered arrangement per bucket before the
             policy chooses there (each run's first round is a switch, not measured).
         margin: another arrangement must be rated this factor faster to take over (>= 1).
         horizon_rounds: rounds over which a switch's saving must pay for its cost.
         probe_rounds: rounds of a probe of another arrangement (its first a switch).
+        probe_within: only arrangements rated at least the held one's rate over this factor
+            (> 1) are re-probed.
 
     Raises:
         ValueError: on no arrangement offered or out-of-range parameters.
@@ -92,15 +99,18 @@ class ArrangementPolicy:
 
     offered: tuple[Arrangement, ...]
     cycle: bool = False
-    ema_weight: float = 0.3  # rounds measured: moving averages, calibration
+    ema_weight: float = 0.3  # switch costs: moving averages; calibration
     calibration_rounds: int = 2
     margin: float = 1.05  # switching: hysteresis, its cost's horizon, re-probes
     horizon_rounds: int = 16
     probe_rounds: int = 3
+    probe_within: float = 1.5
     rounds: dict[Arrangement, int] = field(init=False)
     switches: int = field(init=False, default=0)
     _figures: dict[int, dict[Arrangement, Figures]] = field(init=False)
+    _tokens: dict[int, RoundTokens] = field(init=False)
     _held: dict[int, Arrangement] = field(init=False)
+    _calibrating: set[int] = field(init=False)
     _probes: dict[int, ProbeSchedule] = field(init=False)
     _probing: dict[int, list] = field(init=False)  # bucket -> [arrangement, rounds left]
     _switch_s: dict[Arrangement, Ema] = field(init=False)
@@ -114,9 +124,12 @@ class ArrangementPolicy:
             raise ValueError("need ema_weight in (0, 1] and margin >= 1")
         if self.calibration_rounds < 1 or self.horizon_rounds < 1 or self.probe_rounds < 2:
             raise ValueError("need calibration_rounds >= 1, horizon_rounds >= 1, probe_rounds >= 2")
+        if self.probe_within <= 1.0:
+            raise ValueError(f"need probe_within > 1, got {self.probe_within}")
         self.offered = tuple(Arrangement(a) for a in self.offered)
         self.rounds = {a: 0 for a in Arrangement}
         self._figures, self._held, self._probes, self._probing = {}, {}, {}, {}
+        self._tokens, self._calibrating = {}, set()
         self._switch_s = {a: Ema(self.ema_weight) for a in Arrangement}
         self._seen = set()
 
@@ -146,12 +159,18 @@ class ArrangementPolicy:
         if probing and probing[1] > 0:
             probing[1] -= 1
             return probing[0]
-        for arrangement in self.offered:  # calibration: each measured here, in offered order
-            if self._measured(b, arrangement) < self.calibration_rounds:
-                return arrangement
         if b not in self._held:
-            self._held[b] = self.fastest(b)
-            logger.info("SSD: calibrated %s", self.describe(b))
+            source = None if b in self._calibrating else self._nearest_held(b)
+            if source is not None:  # the others are measured by probes
+                self._held[b] = self._held[source]
+                logger.info("SSD: b<=%d holds %s, as b<=%d does", b, self._held[b], source)
+            else:
+                self._calibrating.add(b)
+                for arrangement in self.offered:  # each measured here, in offered order
+                    if self._measured(b, arrangement) < self.calibration_rounds:
+                        return arrangement
+                self._held[b] = self.fastest(b)
+                logger.info("SSD: calibrated %s", self.describe(b))
         preferred = self.preferred(b)
         schedule = self._probes.setdefault(b, ProbeSchedule(rounds=self.probe_rounds))
         if preferred != self._held[b]:
@@ -161,16 +180,31 @@ class ArrangementPolicy:
             return preferred
         if schedule.due():
             other = self._probe_target(b)
-            self._figures[b][other].fresh = True
-            self._probing[b] = [other, self.probe_rounds - 1]
-            return other
+            if other is not None:
+                if other in self._figures.get(b, {}):
+                    self._figures[b][other].fresh = True
+                self._probing[b] = [other, self.probe_rounds - 1]
+                return other
         return preferred
 
-    def _probe_target(self, b: int) -> Arrangement:
-        """The arrangement a probe at bucket `b` runs: of those not held, the one probed least
-        recently (the order of `offered`, rotating)."""
+    def _nearest_held(self, b: int) -> int | None:
+        """The held bucket nearest to `b` (the smaller of two as near), None before any."""
+        held = sorted(self._held, key=lambda h: (abs(math.log2(h / b)), h))
+        return held[0] if held else None
+
+    def _probe_target(self, b: int) -> Arrangement | None:
+        """The arrangement a probe at bucket `b` runs: of those not held and not measured
+        there, or rated within `probe_within` of the held one, the one probed least recently
+        (the order of `offered`, rotating); None when none is. Tokens are live for every
+        arrangement (shared figures), so a probe only re-measures a round time, which would
+        have to shrink by that factor."""
         held = self._held[b]
-        others = [a for a in self.offered if a != held]
+        floor = (self.rate(held, b) or 0.0) / self.probe_within
+        others = [
+            a for a in self.offered if a != held and (self.rate(a, b) or float("inf")) >= floor
+        ]
+        if not others:
+            return None
         last = self._probing.get(b)
         if last is not None and last[0] in others:
             return others[(others.index(last[0]) + 1) % len(others)]
@@ -195,7 +229,7 @@ class ArrangementPolicy:
             return held if r_held is not None else best
         if r_best < self.margin * r_held:
             return held
-        tokens = self.horizon_rounds * (self._figures[b][best].tokens.value or 1.0)
+        tokens = self.horizon_rounds * (self.tokens(best, b) or 1.0)
         saved_s = tokens / r_held - tokens / r_best
         return best if saved_s > self.switch_cost(best, b) else held
 
@@ -218,11 +252,19 @@ class ArrangementPolicy:
             return self.offered[0]
         return self._held.get(bucket(batch_size))
 
+    def tokens(self, arrangement: Arrangement, b: int) -> float | None:
+        """Tokens per request a round of `arrangement` commits at bucket `b` (`RoundTokens`);
+        None before what it needs is measured."""
+        figures = self._tokens.get(b)
+        return None if figures is None else figures.tokens(arrangement)
+
     def rate(self, arrangement: Arrangement, b: int) -> float | None:
         """Tokens per request per second of `arrangement` at bucket `b`; None before a
         measured round there."""
         figures = self._figures.get(b, {}).get(arrangement)
-        return None if figures is None else figures.rate
+        seconds = None if figures is None else figures.seconds.value
+        tokens = self.tokens(arrangement, b)
+        return None if not seconds or tokens is None else tokens / seconds
 
     def _measured(self, b: int, arrangement: Arrangement) -> int:
         figures = self._figures.get(b, {}).get(arrangement)
@@ -234,29 +276,39 @@ class ArrangementPolicy:
         arrangement: Arrangement,
         batch_size: int,
         round_s: float,
-        mean_tokens: float,
+        tokens: Sequence[float],
+        sources: Sequence[str],
         rated: bool = True,
     ) -> None:
         """Fold in one finished round: its figures, or, as the first round after a change of
         arrangement, the switch's cost (neither for each arrangement's first round since start,
         nor for a round not `rated`: one whose requests could not all take a full chain, so
-        their tokens left, not the arrangement, capped what it committed).
+        their tokens left, not the arrangement, capped what it committed, or one where a request
+        had just started).
 
         Args:
             arrangement: what the round ran.
             batch_size: its b >= 1.
             round_s: its wall time in seconds (> 0), scheduler time between rounds included.
-            mean_tokens: tokens it committed per request (k + 1, >= 1).
+            tokens: tokens it committed per request (k + 1, >= 1), batch order.
+            sources: where each request's draft came from (`draft_kinds` names; "plain").
             rated: whether the round rates its arrangement (it still counts as the last run).
 
         Raises:
-            ValueError: on a batch size < 1, a non-positive time or a mean below 1 token.
+            ValueError: on a batch size < 1 or other than the requests given, a non-positive
+                time, or a request with fewer than 1 token.
         """
-        if batch_size < 1 or not (math.isfinite(round_s) and round_s > 0) or not mean_tokens >= 1:
+        if (
+            batch_size < 1
+            or len(tokens) != batch_size
+            or not (math.isfinite(round_s) and round_s > 0)
+            or min(tokens) < 1
+        ):
             raise ValueError(
-                f"need batch_size >= 1, round_s > 0, mean_tokens >= 1; got {batch_size}, "
-                f"{round_s}, {mean_tokens}"
+                f"need batch_size >= 1 tokens >= 1 each, round_s > 0; got {batch_size}, "
+                f"{list(tokens)}, {round_s}"
             )
+        mean_tokens = sum(tokens) / batch_size
         b = bucket(batch_size)
         first, switched = arrangement not in self._seen, arrangement != self._last
         self._seen.add(arrangement)
@@ -269,13 +321,13 @@ class ArrangementPolicy:
                 extra = max(round_s - mean_tokens / steady, 0.0)
                 self._switch_s[arrangement].add(extra)
             return
+        self._tokens.setdefault(b, RoundTokens()).observe(arrangement, tokens, sources)
         by_arrangement = self._figures.setdefault(b, {})
         figures = by_arrangement.get(arrangement)
         if figures is None or figures.fresh:
-            figures = Figures(Ema(self.ema_weight), Ema(self.ema_weight))
+            figures = Figures()
             by_arrangement[arrangement] = figures
         figures.seconds.add(round_s)
-        figures.tokens.add(mean_tokens)
 
     # ------------------------------------------------------------------ reports
     def buckets(self) -> dict[str, dict[str, object]]:
@@ -284,14 +336,17 @@ class ArrangementPolicy:
         rate (tokens per request per second), for `/ssd/stats`."""
         out: dict[str, dict[str, object]] = {}
         for b in sorted(self._figures):
-            row: dict[str, object] = {"held": str(self._held.get(b, ""))}
+            row: dict[str, object] = {"held": str(self.held(b) or "")}
             for a, f in self._figures[b].items():
                 row[str(a)] = {
                     "round_s": f.seconds.value or 0.0,
-                    "tokens": f.tokens.value or 0.0,
-                    "rate": f.rate or 0.0,
+                    "tokens": self.tokens(a, b) or 0.0,
+                    "rate": self.rate(a, b) or 0.0,
                     "rounds": f.seconds.count,
                 }
+            shared = self._tokens.get(b)
+            if shared is not None:
+                row["hit_rate"] = shared.hit.value or 0.0
             out[str(b)] = row
         return out
 
@@ -300,11 +355,9 @@ class ArrangementPolicy:
         async 6.1 tok/s = 3.02 / 0.50 s)" (the held arrangement first)."""
         parts = []
         for a in arrangements or self.offered:
-            f = self._figures.get(b, {}).get(a)
-            if f is not None and f.rate is not None:
-                parts.append(
-                    f"{a} {f.rate:.2f} tok/s = {f.tokens.value:.2f} / {f.seconds.value:.3f} s"
-                )
+            f, rate, tokens = self._figures.get(b, {}).get(a), self.rate(a, b), self.tokens(a, b)
+            if f is not None and rate is not None and tokens is not None:
+                parts.append(f"{a} {rate:.2f} tok/s = {tokens:.2f} / {f.seconds.value:.3f} s")
         held = self._held.get(b, "calibrating")
         return f"b<={b}: {held} ({', '.join(parts) or 'nothing measured'})"
 

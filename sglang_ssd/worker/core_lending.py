@@ -1,7 +1,7 @@
 """Move CPU cores between the target and the speculator for one round
 (docs/design.md#cores-and-devices).
 
-On CPU the target and the speculator each own cores (`sglang_ssd.placement`). The planner's
+On CPU the target and the speculator each own cores (`sglang_ssd.launch.placement`). The planner's
 arrangement (`round_mode.Arrangement`) says where a round runs; this module moves the cores:
 
 - a sync or plain round's verify (and a prefill the planner lends cores to):
@@ -33,7 +33,7 @@ import os
 import signal
 from collections.abc import Iterator, Sequence
 
-from sglang_ssd.placement import widened
+from sglang_ssd.launch.placement import widened
 
 logger = logging.getLogger(__name__)
 

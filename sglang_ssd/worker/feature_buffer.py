@@ -5,7 +5,7 @@ layers' inputs at p, `eagle3_capture`). The target computes them for free in its
 a prefill (chunk) yields the features of its extend positions, a verify round those of the root
 and the k accepted tokens (the bonus token's come with the next round, where it is the root),
 a plain round its one position. `FeatureBuffer` keeps them per request, in position order, and
-`take` packs them for `Step.features` (issue: EAGLE-3 heads as SSD's speculator, item 3).
+`take` packs them for `Step.features`.
 """
 
 from __future__ import annotations

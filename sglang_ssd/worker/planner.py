@@ -23,6 +23,7 @@ from sglang_ssd.saguaro.self_tuning import DepthTuner
 from sglang_ssd.transport import SpeculatorTiming
 from sglang_ssd.worker.arrangement_policy import ArrangementPolicy
 from sglang_ssd.worker.draft_batch import DraftBatch
+from sglang_ssd.worker.metrics import snapshot
 from sglang_ssd.worker.round_mode import Arrangement, offered
 from sglang_ssd.worker.tp_sync import RoundPlan
 
@@ -32,6 +33,10 @@ ALL_TOKENS_LEFT = 1 << 30  # tokens left of a request without max_new_tokens
 # best (docs/benchmarks.md, "Lending the speculator's core to long prefills"). Under sync or
 # plain the speculator is idle between rounds, so every prefill does.
 PREFILL_LEND_TOKENS = 128
+# A request's first decode rounds rate no arrangement: the speculator may still be feeding its
+# prompt (n-gram drafts meanwhile), and a short request (SGLang's 8-token startup warm-up) is
+# not the text the server serves.
+WARM_ROUNDS = 2
 
 
 def default_policy(config: SSDConfig) -> FallbackPolicy:
@@ -160,6 +165,14 @@ class RoundPlanner:
         """The arrangement held at `batch_size`'s bucket (None while it calibrates)."""
         return self.arrangements.held(batch_size)
 
+    def prespeculates(self, batch_size: int) -> bool:
+        """Whether requests prefilled in a batch of `batch_size` get their first round
+        pre-speculated: unless the round after the prefill will be sync (sync alone offered,
+        or held at that batch size), whose draft is just in time."""
+        if self.arrangements.offered == (Arrangement.SYNC,):
+            return False
+        return self.arrangements.held(max(batch_size, 1)) != Arrangement.SYNC
+
     def prefill_lends_cores(self, new_tokens: int, batch_size: int) -> bool:
         """Whether a prefill forward of `new_tokens` (the batch's uncached input tokens) for
         `batch_size` requests runs on the speculator's cores too: when the arrangement held at
@@ -268,10 +281,15 @@ class RoundPlanner:
             self.observe_outcomes(
                 plan.drafts, accept_lens, verify_s, client.last_timing, sync=plan.sync
             )
-        mean_tokens = 1.0 + sum(accept_lens) / len(reqs)
         if round_s > 0:
+            started = min(sum(snapshot(req).values()) for req in reqs) >= WARM_ROUNDS
             self.arrangements.observe(
-                plan.arrangement, len(reqs), round_s, mean_tokens, rated=self._full_chain
+                plan.arrangement,
+                len(reqs),
+                round_s,
+                [k + 1 for k in accept_lens],
+                plan.drafts.sources,
+                rated=self._full_chain and started,
             )
 
     # ------------------------------------------------------------ live settings

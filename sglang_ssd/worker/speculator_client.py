@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from sglang_ssd.config import SSDConfig
+from sglang_ssd.launch.placement import TargetGpus, place
 from sglang_ssd.phases import PhaseTimer
-from sglang_ssd.placement import TargetGpus, place
 from sglang_ssd.transport import (
     Close,
     ReceivedDrafts,
@@ -133,11 +133,15 @@ class SpeculatorClient:
                     self.supervisor.fault(f"{type(exc).__name__}: {exc}")
             return self.local.drafts(reqs)
 
-    def prepare(self, reqs: Sequence[Any]) -> None:
+    def prepare(self, reqs: Sequence[Any], prespeculate: bool | None = None) -> None:
         """Open requests entering prefill, so the speculator prefills their prompts while the
-        target does (their first sampled token then arrives as an outcome with k = 0). A request
-        that ends at its prefill (`max_new_tokens` <= 1: the prefix copy SGLang prefills for
-        `n > 1` with `max_new_tokens` 0) is never opened: it has no round to draft."""
+        target does (their first sampled token then arrives as an outcome with k = 0) and, with
+        `prespeculate` (None: unless `--ssd-mode sync`), pre-speculates their first round after
+        it. A request that ends at its prefill (`max_new_tokens` <= 1: the prefix copy SGLang
+        prefills for `n > 1` with `max_new_tokens` 0) is never opened: it has no round to
+        draft."""
+        if prespeculate is None:
+            prespeculate = self.config.mode != "sync"
         with self.lock:
             if not self.supervisor.usable():
                 return
@@ -147,8 +151,6 @@ class SpeculatorClient:
                         continue
                     if req.rid not in self.opened:
                         prompt = list(req.origin_input_ids)
-                        # Pre-speculate after the prefill unless sync rounds are all there is.
-                        prespeculate = self.config.mode != "sync"
                         self.link.send(open_message(req, prompt, prespeculate))
                         self.opened[req.rid] = len(prompt)
                     self.last_seen[req.rid] = self.decode_rounds

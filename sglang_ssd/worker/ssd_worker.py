@@ -32,7 +32,7 @@ from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcac
 
 from sglang_ssd.config import SSDConfig, TargetCapacity
 from sglang_ssd.eagle3.config import head_feature_layers
-from sglang_ssd.placement import TargetGpus
+from sglang_ssd.launch.placement import TargetGpus
 from sglang_ssd.saguaro import SamplingBatch, filter_order
 from sglang_ssd.worker.metrics import (
     FORWARD_PHASES,
@@ -168,10 +168,10 @@ class SSDWorker(BaseSpecWorker):
 
     def _extend(self, batch: ScheduleBatch, on_publish: Any) -> GenerationBatchResult:
         self.clock.prefill()  # the gap to the next decode round holds this prefill
-        client = self.speculator_client
-        if client is not None:
-            client.prepare(batch.reqs)
-        new_tokens, planner = int(batch.extend_num_tokens or 0), self.planner
+        client, planner = self.speculator_client, self.planner
+        if client is not None and planner is not None:
+            client.prepare(batch.reqs, planner.prespeculates(len(batch.reqs)))
+        new_tokens = int(batch.extend_num_tokens or 0)
         lend = planner is not None and planner.prefill_lends_cores(new_tokens, len(batch.reqs))
         with self._cores(lend):
             result = self._target_worker.forward_batch_generation(batch, **self.forward_kwargs)

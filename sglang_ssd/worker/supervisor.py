@@ -2,9 +2,10 @@
 
 The speculator is a real separate process (`python -m sglang_ssd.speculator`) in the server's
 process tree, so SGLang's process-tree cleanup reaches it: on CPU forked from the launcher's
-speculator zygote (`sglang_ssd.zygote`, its imports done at the launcher's start), otherwise a
-child of the SGLang scheduler; it also exits by itself when the scheduler disappears
-(`speculator.parent`). On CPU it gets its own cores; on GPU its own device (`sglang_ssd.placement`).
+speculator zygote (`sglang_ssd.launch.zygote`, its imports done at the launcher's start),
+otherwise a child of the SGLang scheduler; it also exits by itself when the scheduler disappears
+(`speculator.parent`). On CPU it gets its own cores; on GPU its own device
+(`sglang_ssd.launch.placement`).
 `Supervisor` keeps one such process linked: a fault kills it and restarts it in the background,
 with a growing backoff while restarts fail (docs/design.md#when-the-speculator-is-down).
 """
@@ -24,9 +25,9 @@ from contextlib import contextmanager
 import psutil
 import torch
 
-from sglang_ssd import zygote
 from sglang_ssd.config import SSDConfig
-from sglang_ssd.placement import Placement
+from sglang_ssd.launch import zygote
+from sglang_ssd.launch.placement import Placement
 from sglang_ssd.transport import LinkAddress, TargetLink, TransportError, TransportTimeout
 from sglang_ssd.transport.tensor_link import Backend
 from sglang_ssd.worker.core_lending import CoreLending, omp_wait_problem
@@ -93,8 +94,8 @@ class SpeculatorProcess:
         self, args: list[str], env: dict[str, str]
     ) -> subprocess.Popen[bytes] | zygote.ZygoteChild:
         """`python -m sglang_ssd.speculator ARGS`: forked from the launcher's speculator zygote
-        when there is one and the device is the CPU (`sglang_ssd.zygote`: its imports are done);
-        exec'd otherwise, or when the zygote cannot be reached (logged)."""
+        when there is one and the device is the CPU (`sglang_ssd.launch.zygote`: its imports are
+        done); exec'd otherwise, or when the zygote cannot be reached (logged)."""
         address = zygote.address(zygote.SPECULATOR_ADDRESS_ENV)
         if address is not None and self.placement.device == "cpu":
             try:

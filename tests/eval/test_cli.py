@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import importlib
+import re
 from pathlib import Path
 
 import pytest
 
+from eval.__main__ import COMMANDS as EVAL_COMMANDS
+from eval.__main__ import main
+
 EVAL_SUBCOMMANDS = (
-    "baseline", "ssd", "run", "show", "sweep", "figures", "report", "all", "margin", "options",
+    "baseline", "ssd", "eagle3", "mixed", "run", "show", "sweep", "figures", "report", "all",
+    "model", "margin", "outcomes", "target-split", "options",
 )  # fmt: skip
 # (module whose `main` parses the command line, the arguments after `python -m <package>`)
 COMMANDS = [
@@ -61,3 +66,49 @@ def test_eval_ssd_refuses_bad_lists_at_parse_time(
         importlib.import_module("eval.__main__").main(argv)
     assert done.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_every_subcommand_is_listed_here() -> None:
+    assert set(EVAL_SUBCOMMANDS) == set(EVAL_COMMANDS)
+
+
+# `python -m eval` refuses each of these before anything starts, argparse's way.
+ERROR_LINE = re.compile(r"^python -m eval( [a-z0-9-]+)*: error: \S.*$")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["nope"], "invalid choice: 'nope'"),  # an unknown subcommand (argparse)
+        (["ssd", "--cpus", "x"], "argument --cpus: 'x' is not a CPU id or range"),
+        (["ssd", "--cpus", "0"], "--cpus needs exactly two CPUs (target, draft), got [0]"),
+        (["show", "{missing}"], "No such file or directory: {missing}"),
+        (["show", "{not_json}"], "{not_json}: not JSON"),
+        (["model", "--components", "{missing}", "--target", "{missing}"], "No such file"),
+        (["outcomes", "replay", "{not_trace}"], "not an `eval outcomes record` trace"),
+        (
+            ["ssd", "--only", "NOPE", "--target", "{missing}", "--draft", "{missing}"],
+            "--only: unknown configuration(s) ['NOPE']",
+        ),
+    ],
+)
+def test_every_bad_input_ends_the_same_way(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture, tmp_path: Path
+) -> None:
+    """An unknown subcommand, a bad flag value, a missing or unreadable file and the
+    subcommands' own refusals: exit status 2, the usage line, then one
+    ``python -m eval CMD: error: ...`` line (no traceback)."""
+    paths = {"missing": tmp_path / "missing.json", "not_json": tmp_path / "not.json"}
+    paths["not_trace"] = tmp_path / "trace.json"
+    paths["not_json"].write_text("{")
+    paths["not_trace"].write_text("{}")
+    argv = [a.format(**paths) for a in argv]
+    if argv[0] == "ssd":  # were it to run after all: no results or logs in the repository
+        argv += ["--out", str(tmp_path / "never.json"), "--log-dir", str(tmp_path / "logs")]
+    message = message.format(**paths)
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    assert done.value.code == 2 and not (tmp_path / "never.json").exists()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].startswith("usage: python -m eval"), err
+    assert ERROR_LINE.match(err[-1]) and message in err[-1], err

@@ -21,7 +21,7 @@ from eval import configs, cpuload, datasets, harness, interleave, provenance, se
 from eval.configs import Config
 from eval.sampling import Sampling
 from sglang_ssd import launch_server
-from sglang_ssd.config import format_cpu_list, parse_cpu_list
+from sglang_ssd.launch.cpu_lists import format_cpu_list, parse_cpu_list
 from sglang_ssd.launch_server import flag_value
 
 REAL_TARGET = Path.home() / ".cache/sglang_ssd/models/qwen2.5-coder-1.5b-instruct"
@@ -118,7 +118,7 @@ def test_default_algorithm_and_lookahead_are_the_launchers() -> None:
     assert config.algorithm == launch_server.DEFAULT_ALGORITHM
     assert config.algorithm == flag_value(launched, "--speculative-algorithm")
     assert config.lookahead == int(flag_value(launched, "--speculative-num-steps") or -1)
-    assert config.ssd_mode == "async" and Config("s", ("--ssd-mode=sync",)).ssd_mode == "sync"
+    assert config.ssd_mode == "auto" and Config("s", ("--ssd-mode=sync",)).ssd_mode == "sync"
 
 
 def test_interleaved_order_alternates() -> None:

@@ -1,4 +1,4 @@
-"""The speedup model from component counters (`eval.model_check`, issue 12 item 7).
+"""The speedup model from component counters (`eval.model_check`).
 
 A synthetic run is written the way the harness writes one (per-batch `/ssd/stats` deltas with
 the speculator's cumulative counters) from known components; `components` must recover them and

@@ -11,8 +11,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from eval import __main__ as eval_cli
 from eval import datasets, mtbench_answers
+from eval.cli_options import BadInput
+from eval.commands.run_args import mtbench_answers_of
 from eval.datasets import MTBENCH, DatasetError, load_prompts, load_records
 from eval.trace.from_run import RunTraceError, run_answers
 
@@ -135,14 +136,14 @@ def test_eval_cli_loads_answers_only_for_second_turns(answers_file: Path, tmp_pa
         base = {"dataset": "both", "mtbench_turn": 2, "mtbench_answers": answers_file}
         return argparse.Namespace(**(base | kw))
 
-    assert eval_cli._mtbench_answers(ns(mtbench_turn=1, mtbench_answers=None), tmp_path) is None
-    with pytest.raises(SystemExit, match="read only with --mtbench-turn 2"):
-        eval_cli._mtbench_answers(ns(mtbench_turn=1), tmp_path)
-    assert set(eval_cli._mtbench_answers(ns(), tmp_path).answers) == {"81", "82"}
-    with pytest.raises(SystemExit, match="needs MT-Bench prompts"):
-        eval_cli._mtbench_answers(ns(dataset="humaneval"), tmp_path)
-    with pytest.raises(SystemExit, match="no MT-Bench turn-1 answers at"):
-        eval_cli._mtbench_answers(ns(mtbench_answers=tmp_path / "x.json"), tmp_path)
+    assert mtbench_answers_of(ns(mtbench_turn=1, mtbench_answers=None), tmp_path) is None
+    with pytest.raises(BadInput, match="read only with --mtbench-turn 2"):
+        mtbench_answers_of(ns(mtbench_turn=1), tmp_path)
+    assert set(mtbench_answers_of(ns(), tmp_path).answers) == {"81", "82"}
+    with pytest.raises(BadInput, match="needs MT-Bench prompts"):
+        mtbench_answers_of(ns(dataset="humaneval"), tmp_path)
+    with pytest.raises(BadInput, match="no MT-Bench turn-1 answers at"):
+        mtbench_answers_of(ns(mtbench_answers=tmp_path / "x.json"), tmp_path)
 
 
 def test_from_run_rebuilds_second_turns_only_from_the_same_file(

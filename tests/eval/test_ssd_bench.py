@@ -93,7 +93,7 @@ def test_bench_configs_arrangements() -> None:
 
 
 def test_per_gamma_standalones_and_extra_runtimes() -> None:
-    """Issue 30's item 9: STANDALONE-2c at several γ and SSD-1+1c on another draft runtime."""
+    """STANDALONE-2c at several γ and SSD-1+1c on another draft runtime."""
     cfgs = ssd_bench.bench_configs(
         "T", "D", ["equal"], standalone_lookaheads=[3, 5], ssd_runtimes=["torch"]
     )
@@ -178,5 +178,5 @@ def test_live_ssd_batches_carry_counters_and_a_prediction(tiny_bench: dict[str, 
     assert 0.0 <= m["p_hit"] <= 1.0 and m["target_s"] > 0
     (row,) = [r for r in ssd_bench.comparisons(tiny_bench) if r["baseline"] == "AR-2c"]
     assert row["speedup"] > 0 and row["predicted"] is not None
-    assert row["aim"] == 1.6 and row["met"] in (True, False)  # greedy, batch 1: the issue's aim
+    assert row["aim"] == 1.6 and row["met"] in (True, False)  # greedy, batch 1: the aim
     assert "SSD-1+1c" in ssd_bench.format_comparisons([row])

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from eval.startup import ARMS, order
-from sglang_ssd import zygote
-from sglang_ssd.fork_start import SWITCH
+from sglang_ssd.launch import zygote
+from sglang_ssd.launch.fork_start import SWITCH
 
 
 def test_arms_alternate_a_b_c_c_b_a_so_drift_cancels() -> None:

@@ -18,7 +18,7 @@ from eval import client, configs, datasets, figures, harness, ssd_stats, sweep
 from eval.client import BatchResult, RequestResult
 from eval.configs import Config
 from eval.datasets import Prompt, Record
-from eval.harness import RunSettings
+from eval.run_settings import RunSettings
 from eval.sampling import Sampling
 
 TINY = ("--dtype", "float32", "--max-total-tokens", "4096")

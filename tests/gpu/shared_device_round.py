@@ -32,7 +32,7 @@ ROUNDS = 6
 @contextmanager
 def shared_device(monkeypatch: pytest.MonkeyPatch, device: torch.device) -> Iterator[None]:
     """The test-only placement: the speculator on `device` beside the target, a gloo link."""
-    import sglang_ssd.placement as placement
+    import sglang_ssd.launch.placement as placement
     import sglang_ssd.worker.supervisor as supervisor
 
     if device.type == "cuda":

@@ -121,7 +121,7 @@ def _tree_layout(seed: int, heads: int, kv_heads: int, head_dim: int, dtype: tor
 def test_auto_on_cuda_plans_flashinfer_once_for_every_layer(
     cuda: torch.device, seed: int, heads: tuple[int, int, int], record_property
 ) -> None:
-    """Issue 31 item 10: on CUDA with flashinfer, `plan_branch_attention` is FlashInfer's paged
+    """On CUDA with flashinfer, `plan_branch_attention` is FlashInfer's paged
     prefill, planned at the first layer and reused by the others (as the draft model calls it)."""
     pytest.importorskip("flashinfer")
     from sglang_ssd_kernels.flashinfer_branch import FlashInferBranchPlan

@@ -1,4 +1,4 @@
-"""An EAGLE-3 head speculator on the GPU (issue 31, item 5): the target's features stay on the
+"""An EAGLE-3 head speculator on the GPU: the target's features stay on the
 speculator's device (`TargetFeatures.at` allocates there) and the head's paged forward on CUDA
 equals the same forward on the CPU.
 

@@ -1,4 +1,4 @@
-"""A speculator killed between its Drafts and their tensors, over NCCL (issue 31 item 7).
+"""A speculator killed between its Drafts and their tensors, over NCCL.
 
 The target waits on a p2p receive that its peer will never post. The link's NCCL group is built
 with TORCH_NCCL_ASYNC_ERROR_HANDLING=2 (`transport.tensor_link.nccl_group`), so the wait raises

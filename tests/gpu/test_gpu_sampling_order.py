@@ -1,11 +1,11 @@
-"""p's filters in the order SGLang's CUDA sampler applies them (issue 31, item 3), on the GPU.
+"""p's filters in the order SGLang's CUDA sampler applies them, on the GPU.
 
 SGLang 0.5.23's default CUDA sampling backend ("flashinfer") filters a batch that needs min-p
 with `top_k_renorm_prob`, then `top_p_renorm_prob`, then `min_p_sampling_from_probs`
 (sglang/srt/layers/sampler.py:402-411). `apply_sampling` with `filter_order="sequential"` must
 give the distribution those FlashInfer calls sample from. Checked by drawing from FlashInfer's
 own functions on the GPU (skipped where flashinfer is not installed) and comparing the
-frequencies with our p: the issue's example (token 1 must never appear) and random rows.
+frequencies with our p: the example (token 1 must never appear) and random rows.
 """
 
 from __future__ import annotations

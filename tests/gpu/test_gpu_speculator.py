@@ -231,7 +231,7 @@ def _near_tie(
 
 
 def test_speculator_phases_hold_gpu_time(cuda: torch.device, pair: tuple[Path, Path]) -> None:
-    """The engine's phases synchronise the device at their boundaries (issue 31, item 9): a
+    """The engine's phases synchronise the device at their boundaries: a
     phase that launches a long kernel holds its GPU time, not the microseconds of its launch."""
     draft_path, _ = pair
     engine = engine_on(draft_path, cuda)

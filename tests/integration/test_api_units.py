@@ -15,7 +15,9 @@ import pytest
 
 from sglang_ssd.config import SSDConfig
 from sglang_ssd.integration import admin, request_checks, request_metrics, scheduler_metrics
+from sglang_ssd.launch.placement import Placement
 from sglang_ssd.phases import PhaseTimer
+from sglang_ssd.runtime_registry import RUNTIMES
 from sglang_ssd.transport.admin_messages import (
     AdminReply,
     AdminRequest,
@@ -147,6 +149,8 @@ class FakeClient:
         self.speculator_phases = PhaseTimer()
         self.speculator_phases.merge({"tree_1": 0.8, "lm_head": 0.3, "send": 0.1})
         self.drafts_received = 4
+        self.config = SSDConfig(draft_kv_tokens=4096)  # the pool it gave the speculator
+        self.supervisor = SimpleNamespace(placement=Placement("cpu", (1,), (0,)))
 
 
 class FakeAdmin:
@@ -182,6 +186,7 @@ class FakeWorker:
     speculator_admin: FakeAdmin = field(default_factory=FakeAdmin)
     planner: RoundPlanner = field(default_factory=lambda: RoundPlanner(SSDConfig()))
     dp_rank: int = 0
+    draft_model_path: str = "/no/such/draft"
 
 
 def _ask(worker: FakeWorker, op: str, **changes: Any) -> AdminReply:
@@ -200,16 +205,28 @@ def test_admin_config_round_trip() -> None:
     got = _ask(worker, "config")
     assert got.status == 200 and got.config.beta == 1.0 and got.config.tree_depth is None
     body = admin.http_body("config", got)
-    assert body == msgspec.to_builtins(SSDConfig())  # tree_depth null: self-tuned
+    left_to_the_server = ("tree_depth", "batch_threshold", "draft_device", "draft_cpus")
+    assert body["settings"] == msgspec.to_builtins(SSDConfig()) | dict.fromkeys(
+        (*left_to_the_server, "draft_kv_tokens"), "auto"
+    )
+    in_force = body["in_force"]  # every key, none null: what the server runs
+    assert in_force.keys() == body["settings"].keys() and None not in in_force.values()
+    assert in_force["tree_depth"] in (0, 4)  # D = γ before tuning (0: sync rounds only)
+    mode = SSDConfig().mode  # auto holds no arrangement before its first rounds
+    assert in_force["mode"] == ("calibrating" if mode == "auto" else mode)
+    assert (in_force["draft_device"], in_force["draft_cpus"]) == ("cpu", "1")
+    assert in_force["draft_kv_tokens"] == 4096 and in_force["draft_runtime"] in RUNTIMES
+    b_star = in_force["batch_threshold"]  # a fresh policy leaves JIT at once: "auto" means b*
+    assert b_star == 1 and in_force["backup"] == {"b>=1": worker.planner.policy.choose(1).value}
     got = _ask(worker, "configure", beta=0.5, backup="ngram")
     assert got.status == 200 and got.config.beta == 0.5 and not got.applied_locally
     body = admin.http_body("configure", got)
     assert body["acknowledged"] == {"beta": 0.5, "backup": "ngram"}  # what was given
-    assert body["config"]["beta"] == 0.5
+    assert body["settings"]["beta"] == 0.5 and body["in_force"]["beta"] == 0.5
     assert _ask(worker, "config").config.backup == "ngram"
     body = admin.http_body("configure", _ask(worker, "configure", tree_depth=0))
     assert body["acknowledged"] == {"tree_depth": 0}  # self-tuned: None in force, 0 as given
-    assert body["config"]["tree_depth"] is None
+    assert body["settings"]["tree_depth"] == "auto" and body["in_force"]["tree_depth"] in (0, 4)
 
 
 def test_admin_reports_changes_no_speculator_took() -> None:
@@ -217,7 +234,7 @@ def test_admin_reports_changes_no_speculator_took() -> None:
     worker.speculator_admin.configure = lambda request: None  # no speculator running
     body = admin.http_body("configure", _ask(worker, "configure", fanout_budget=3))
     assert body["acknowledged"] == {"applied_locally": True, "fanout_budget": 3}
-    assert body["config"]["fanout_budget"] == 8  # FakeAdmin did not apply it
+    assert body["settings"]["fanout_budget"] == 8  # FakeAdmin did not apply it
 
 
 @pytest.mark.parametrize(
@@ -491,14 +508,45 @@ def test_admin_routes_over_the_bridge(tmp_path) -> None:
     app = FastAPI()
     add_routes(app, [address])
     client = TestClient(app)
-    assert client.get("/ssd/config").json()["beta"] == 1.0
+    assert client.get("/ssd/config").json()["settings"]["beta"] == 1.0
     reply = client.post("/ssd/config", json={"beta": 0.25})
-    assert reply.status_code == 200 and reply.json()["config"]["beta"] == 0.25
-    assert client.get("/ssd/config").json()["beta"] == 0.25
+    assert reply.status_code == 200 and reply.json()["settings"]["beta"] == 0.25
+    assert client.get("/ssd/config").json()["settings"]["beta"] == 0.25
     for bad in (b"{bad", b"[]", b'{"beta": 0}', b'{"tree_depth": -1}', b'{"beta": true}', b"{}"):
         reply = client.post("/ssd/config", content=bad)
         assert reply.status_code == 400 and reply.json()["error"]["message"], bad
     assert client.get("/ssd/stats").json()["avg_transport_s"] == pytest.approx(0.01)
+
+
+def test_the_settings_get_shows_post_back_unchanged(tmp_path) -> None:
+    """`GET /ssd/config`'s "settings" (startup-only ones and "auto" included) posted back as
+    they are: accepted, nothing changes; a startup-only setting with another value is refused,
+    named by its flag; `tree_depth` "auto" self-tunes like 0."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from sglang_ssd.integration.admin_routes import add_routes
+
+    address = f"ipc://{tmp_path}/admin"
+    worker = FakeWorker()
+    worker.speculator_admin.config = SSDConfig(tree_depth=2, draft_cpus=(1,))
+    admin.AdminServer(worker, address).start()
+    app = FastAPI()
+    add_routes(app, [address])
+    client = TestClient(app)
+    before = client.get("/ssd/config").json()
+    assert (
+        before["settings"]["draft_cpus"] == "1" and before["settings"]["draft_kv_tokens"] == "auto"
+    )
+    reply = client.post("/ssd/config", json=before["settings"])
+    assert reply.status_code == 200, reply.json()
+    assert client.get("/ssd/config").json()["settings"] == before["settings"]
+    for changed in ({"lookahead": 3}, {"draft_cpus": "0"}, {"draft_kv_tokens": 512}):
+        reply = client.post("/ssd/config", json={**before["settings"], **changed})
+        option = admin.FLAGS[next(iter(changed))].option
+        assert reply.status_code == 400 and option in reply.json()["error"]["message"], changed
+    reply = client.post("/ssd/config", json={"tree_depth": "auto"})
+    assert reply.status_code == 200 and reply.json()["settings"]["tree_depth"] == "auto"
 
 
 def test_admin_routes_list_every_dp_replica(tmp_path) -> None:
@@ -523,7 +571,7 @@ def test_admin_routes_list_every_dp_replica(tmp_path) -> None:
     body = client.get("/ssd/config").json()
     assert body["dp_size"] == 2 and [r["dp_rank"] for r in body["replicas"]] == [0, 1]
     reply = client.post("/ssd/config", json={"beta": 0.5}).json()
-    assert [r["config"]["beta"] for r in reply["replicas"]] == [0.5, 0.5]
+    assert [r["settings"]["beta"] for r in reply["replicas"]] == [0.5, 0.5]
     assert [w.speculator_admin.config.beta for w in workers] == [0.5, 0.5]
     stats = client.get("/ssd/stats").json()["replicas"]
     assert stats[0]["speculator_round_s"] != stats[1]["speculator_round_s"]  # per replica

@@ -1,7 +1,7 @@
-"""SSD's server-argument handling on a GPU, checked on the CPU (issue 14, item 1; issue 31,
-item 2): decode CUDA graphs are turned off (a captured TARGET_VERIFY has SSD's width and mask
-fixed at capture), a speculator GPU that collides with the target's is refused at startup, and
-so are plain rounds (a width-1 verify under metadata for γ + 1 positions), at startup and live."""
+"""SSD's server-argument handling on a GPU, checked on the CPU: decode CUDA graphs are turned off (a
+captured TARGET_VERIFY has SSD's width and mask fixed at capture), a speculator GPU that collides
+with the target's is refused at startup, and so are plain rounds (a width-1 verify under metadata
+for γ + 1 positions), at startup and live."""
 
 from __future__ import annotations
 

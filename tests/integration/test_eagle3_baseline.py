@@ -1,5 +1,5 @@
 """SGLang's own EAGLE3 (`--speculative-algorithm EAGLE3`) served on CPU through this plugin, with
-a head our trainer built for the tiny target (issue 15, item 4): greedy output equals the AR
+a head our trainer built for the tiny target: greedy output equals the AR
 server's, and the head's drafts are accepted (accept length > 1).
 
 SGLang's CPU speculative path verifies greedily, so its T > 0 output is not lossless; only

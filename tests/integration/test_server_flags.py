@@ -1,5 +1,5 @@
-"""SGLang server flags under SSD: the declaration (`server_flags.FLAGS`), the README table it
-renders, and real `python -m sglang_ssd.launch_server` starts that refuse each refused row.
+"""SGLang server flags under SSD: the declaration (`server_flags.FLAGS`), the docs/flags.md
+table it renders, and real `python -m sglang_ssd.launch_server` starts that refuse each refused row.
 
 The "works" rows are served by the tests each row names (`FlagRule.evidence`); this module
 checks that those files exist and mention the flag.
@@ -129,9 +129,9 @@ def test_works_rows_name_a_test_that_uses_the_flag() -> None:
             assert first.split(" ")[0] in text or name in text, (rule.flags, rule.evidence)
 
 
-def test_readme_table_is_the_declaration() -> None:
-    readme = (ROOT / "README.md").read_text()
-    assert flags_table() in readme, "README's server-flag table differs from server_flags.FLAGS"
+def test_docs_table_is_the_declaration() -> None:
+    flags_doc = (ROOT / "docs" / "flags.md").read_text()
+    assert flags_table() in flags_doc, "docs/flags.md's server-flag table differs from FLAGS"
 
 
 def test_validate_ssd_server_args_applies_the_flag_rules(tiny_target: Path) -> None:

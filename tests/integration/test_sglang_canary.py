@@ -1,4 +1,4 @@
-"""A canary for the SGLang pin (issue #11, item 10): the internals the plugin leans on are there.
+"""A canary for the SGLang pin: the internals the plugin leans on are there.
 
 SSD plugs into SGLang 0.5.23 below its public API: it presents as NGRAM (`NgramVerifyInput`,
 `is_ngram()`), returns spec-v2 `GenerationBatchResult`s, moves KV with
@@ -328,7 +328,7 @@ def test_every_hook_target_resolves(monkeypatch: pytest.MonkeyPatch) -> None:
         assert hasattr(owner, attribute), f"SGLang moved the hook target {target}"
 
 
-# SGLang's per-request sampling options, by how SSD treats them (issue #13): a new one must be
+# SGLang's per-request sampling options, by how SSD treats them: a new one must be
 # classified here (applied in `saguaro.verify` / `worker.request_options`, or refused in
 # request_checks) before SSD serves it.
 APPLIED = {"temperature", "top_p", "top_k", "min_p"}

@@ -1,5 +1,5 @@
 """`/ssd/config` and `/ssd/stats` under each API-key setting, and fan-out the speculator cannot
-hold (issue #11, item 9), on tiny-pair SSD servers: one per key setting (the session's shared
+hold, on tiny-pair SSD servers: one per key setting (the session's shared
 tiny SSD server for "no key"; the session's keyed servers, `keyed_servers.py`, for the others,
 which `test_ssd_shutdown.py` later stops).
 

@@ -166,7 +166,7 @@ def _reference_logprobs(model_path: Path, output_ids: list[int], temperature: fl
     return logprobs.gather(1, torch.tensor(output_ids).unsqueeze(1)).squeeze(1).tolist()
 
 
-# ------------------------------------------------------------------ bad input (issue 7)
+# ------------------------------------------------------------------ bad input
 @pytest.mark.parametrize(
     ("body", "message"),
     [
@@ -206,25 +206,30 @@ def test_malformed_json_gets_400(server: SSDClient) -> None:
 
 # ------------------------------------------------------------------ admin endpoints
 def test_admin_config_round_trip(server: SSDClient) -> None:
-    status, config = server.get("/ssd/config")
+    status, body = server.get("/ssd/config")
     assert status == 200
-    # tree_depth null: self-tuned (the D in force is in /ssd/stats).
-    assert config["lookahead"] == 4 and config["tree_depth"] is None and config["mode"] == "async"
-    original = {k: config[k] for k in ("beta", "fanout_budget", "fanout", "backup")}
+    config, in_force = body["settings"], body["in_force"]
+    # tree_depth "auto": self-tuned; in force, the D of the next build (a value, never null).
+    assert config["lookahead"] == 4 and config["tree_depth"] == "auto" and config["mode"] == "async"
+    assert in_force.keys() == config.keys() and None not in in_force.values(), in_force
+    assert 1 <= in_force["tree_depth"] <= 4 and in_force["draft_device"] == "cpu"
+    assert in_force["draft_kv_tokens"] > 0 and in_force["draft_runtime"] != "auto"
+    original = dict(config)
     try:
         status, reply = server.post("/ssd/config", {"beta": 0.5, "fanout": "uniform"})
         assert status == 200, reply
-        assert reply["config"]["beta"] == 0.5 and reply["acknowledged"]["beta"] == 0.5
-        assert server.get("/ssd/config")[1]["fanout"] == "uniform"
+        assert reply["settings"]["beta"] == 0.5 and reply["acknowledged"]["beta"] == 0.5
+        assert server.get("/ssd/config")[1]["settings"]["fanout"] == "uniform"
         server.assert_serving()
         for bad in ({"beta": 0.0}, {"beta": 2}, {"beta": "x"}, {"lookahead": 2}, {}, [1]):
             status, reply = server.post("/ssd/config", bad)
             assert status == 400, (bad, reply)
             assert _error_message(reply)
-        assert server.get("/ssd/config")[1]["beta"] == 0.5
-    finally:
-        restored = server.post("/ssd/config", original)[0]
-    assert restored == 200
+        assert server.get("/ssd/config")[1]["settings"]["beta"] == 0.5
+    finally:  # the settings GET listed, every key, posted back as they were
+        restored = server.post("/ssd/config", original)
+    assert restored[0] == 200, restored
+    assert server.get("/ssd/config")[1]["settings"] == original
     server.assert_serving()
 
 
@@ -240,7 +245,7 @@ def test_admin_stats(server: SSDClient) -> None:
     for key in ("avg_speculator_build_s", "avg_transport_s", "faults", "restarts"):
         assert stats[key] >= 0, key
     assert stats["speculator"]["steps"] > 0
-    target = stats["target_phases"]  # seconds per round by phase (issue 12)
+    target = stats["target_phases"]  # seconds per round by phase
     assert {"wait_draft", "build_batch", "forward", "verify", "commit", "record"} <= set(target)
     forward = target["build_batch"] + target["forward"]  # what avg_forward_s has always timed
     assert forward == pytest.approx(stats["avg_forward_s"], abs=1e-4)

@@ -1,4 +1,4 @@
-"""Speculator faults under live traffic (issue 7, item 1): SIGKILL, and SIGSTOP for a hang.
+"""Speculator faults under live traffic: SIGKILL, and SIGSTOP for a hang.
 
 One SSD server and one autoregressive server on the tiny random pair. Each test streams several
 concurrent greedy requests through SSD, signals the speculator once they are under way, and checks

@@ -2,10 +2,10 @@
 
 `--speculative-algorithm SSD --speculative-draft-model-path HEAD --disable-radix-cache`: the
 target captures the head's feature layers and ships the committed positions' features with
-each Step; the speculator drafts with the head over its KV pool (issue: EAGLE-3 heads as SSD's
-speculator, item 3). The head is the one CI trains for the tiny target (`tiny_eagle3_head`).
+each Step; the speculator drafts with the head over its KV pool. The head is the one CI trains
+for the tiny target (`tiny_eagle3_head`).
 Greedy output must equal the autoregressive server's, the head's drafts must be accepted
-(accept length > 1.2, the issue's bar), and a repeated prompt (which the radix cache would
+(accept length > 1.2), and a repeated prompt (which the radix cache would
 have served without features) must be drafted by the head again.
 """
 

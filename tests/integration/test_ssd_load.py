@@ -1,4 +1,4 @@
-"""Sustained load on SSD (issue 7, item 4), the CI version: 16 streaming clients for 20 s,
+"""Sustained load on SSD, the CI version: 16 streaming clients for 20 s,
 after 15 s of the same load as warm-up.
 
 The session's shared tiny SSD server (`tiny_ssd`). `eval.load` drives it: greedy and sampled

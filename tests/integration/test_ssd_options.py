@@ -5,13 +5,13 @@ SGLang's autoregressive decoding with `--disable-overlap-schedule`. The referenc
 non-overlap one: with the overlap scheduler, SGLang 0.5.23's penalizers count the prompt's
 last token and lag the output by one step (`ScheduleBatch.cumulate_penalty_output_tokens`
 reads `output_ids` before the overlapped step has written them), so the default AR server is
-not plain decoding under penalties (see README, Exactness). Greedy SSD must equal it token for
-token for each option; greedy logprobs under penalties and a bias must equal it within float
-tolerance; a JSON-schema request served together with plain requests must equal it too; so
-must OpenAI chat requests constrained by `response_format` or a required / named
-`tool_choice`. Both servers run with `--chunked-prefill-size` and
-`--enable-return-hidden-states`, and SGLang's default `--grammar-backend` (xgrammar) (README,
-server flags), with `--constrained-json-max-whitespace-cnt 2`: the tiny model, where
+not plain decoding under penalties (see docs/design.md#request-options-in-detail). Greedy
+SSD must equal it token for token for each option; greedy logprobs under penalties and a bias must
+equal it within float tolerance; a JSON-schema request served together with plain requests must
+equal it too; so must OpenAI chat requests constrained by `response_format` or a required / named
+`tool_choice`. Both servers run with `--chunked-prefill-size` and `--enable-return-hidden-states`,
+and SGLang's default `--grammar-backend` (xgrammar) (docs/flags.md, server flags), with
+`--constrained-json-max-whitespace-cnt 2`: the tiny model, where
 xgrammar's JSON grammar allows it, can emit whitespace until `max_new_tokens` (seen on an
 AVX2-only CPU, where the tiny pair trains to other weights), so a schema-constrained answer
 would never close; with at most 2 whitespace characters per gap `SCHEMA`'s JSON is bounded (a
@@ -116,7 +116,7 @@ def test_logprobs_under_penalties_and_bias_match_plain_decoding(servers, samplin
     """Returned logprobs are those of the shaped p (SGLang's greedy logprobs are the
     log-softmax of the penalized logits). Repetition is not combined with an additive penalty
     here: SGLang's non-overlap decode applies its penalizers in the iteration order of a set of
-    classes, which differs between processes (README, Exactness)."""
+    classes, which differs between processes (docs/design.md#request-options-in-detail)."""
     extra = {"sampling": sampling, "return_logprob": True, "top_logprobs_num": 3}
     for ar, ssd in _both(servers, PROMPTS, **extra):
         assert ssd["output_ids"] == ar["output_ids"]

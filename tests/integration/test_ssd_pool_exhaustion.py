@@ -1,4 +1,4 @@
-"""A speculator KV pool far too small for the load, on real tiny-pair servers (issue #11, item 7).
+"""A speculator KV pool far too small for the load, on real tiny-pair servers.
 
 An SSD server whose speculator holds only `POOL` KV tokens (`--ssd-draft-kv-tokens`) serves 8
 concurrent greedy requests that need several times that, with jit drafts for every cache miss.

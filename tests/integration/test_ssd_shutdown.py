@@ -1,4 +1,4 @@
-"""Shutdown (issue 7, item 5): a signal to the launcher stops every process and frees every port.
+"""Shutdown: a signal to the launcher stops every process and frees every port.
 
 Three SSD servers on the tiny pair. The first two are the session's keyed servers "api" and "admin"
 (`keyed_servers.py`: the auth module checked its routes on them; a key changes nothing here, and a

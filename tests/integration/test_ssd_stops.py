@@ -1,4 +1,4 @@
-"""Stops that fire inside an accepted SSD block (issue #11, item 2), on the tiny trained pair.
+"""Stops that fire inside an accepted SSD block, on the tiny trained pair.
 
 A verify round commits up to γ + 1 tokens at once; SGLang's scheduler then finds the first stop
 among them and drops the rest. Each stop kind is swept over the output positions

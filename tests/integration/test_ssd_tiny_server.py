@@ -22,9 +22,9 @@ from tiny_servers import TINY_FLAGS
 from transformers import AutoConfig, AutoTokenizer
 
 from eval.servers import Server, started_together
-from sglang_ssd import zygote
 from sglang_ssd.build.vocab import count_ids, top_ids
 from sglang_ssd.config import CYCLE_ENV
+from sglang_ssd.launch import zygote
 from sglang_ssd.speculator import draft_vocab
 from sglang_ssd.testing.corpus import tiny_corpus
 from sglang_ssd.testing.processes import speculators
@@ -116,7 +116,7 @@ def test_greedy_matches_autoregressive(servers, mode):
 def test_reduced_draft_vocabulary_is_in_use(servers, vocab_cache):
     """`--ssd-draft-vocab`: the speculator drafts from the kept ids only, and the target, which
     often wants another id, still gets its exact output (the greedy test above). A sampled
-    request's q crosses at the kept ids' width and is scattered back (issue 31 item 8): every
+    request's q crosses at the kept ids' width and is scattered back: every
     round verifies it, without a fault or a restart."""
     kept = vocab_cache[1]
     out = _generate(servers["cycle-vocab"], "def f(x):", 24, temperature=0.8, ignore_eos=True)
@@ -150,7 +150,7 @@ def test_speculator_is_a_separate_process_on_disjoint_cores(servers):
     assert len(found) == 1
     scheduler = found[0].target
     assert scheduler.pid != servers["ssd"].proc.pid and "scheduler" in scheduler.name()
-    # Forked from the launcher's speculator zygote, its imports done (`sglang_ssd.zygote`).
+    # Forked from the launcher's speculator zygote, its imports done (`sglang_ssd.launch.zygote`).
     assert zygote.argv_of(found[0].process.ppid()) == [zygote.TITLE]
     target_cpus = set(os.sched_getaffinity(scheduler.pid))
     draft_cpus = set(os.sched_getaffinity(found[0].process.pid))
@@ -247,9 +247,9 @@ def test_tree_depth_is_self_tuned_until_pinned(servers):
     )
     bad = requests.post(f"{url}/ssd/config", json={"tree_depth": 5}, timeout=60)
     assert bad.status_code == 400 and "0..γ=4" in bad.text
-    # 0 self-tunes again: shown as null by /ssd/config, as at start, and no longer pinned.
+    # 0 self-tunes again: set "auto" by /ssd/config, as at start, and no longer pinned.
     reply = requests.post(f"{url}/ssd/config", json={"tree_depth": 0}, timeout=60)
-    assert reply.status_code == 200 and reply.json()["config"]["tree_depth"] is None
+    assert reply.status_code == 200 and reply.json()["settings"]["tree_depth"] == "auto"
     _generate(servers["ssd"], prompt, 8, temperature=0)
     stats = ssd_stats(servers["ssd"])["speculator"]
     assert stats["tree_depth_pinned"] == 0.0

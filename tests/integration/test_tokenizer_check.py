@@ -1,4 +1,4 @@
-"""The startup check that the draft shares the target's tokenizer (issue #11, item 8)."""
+"""The startup check that the draft shares the target's tokenizer."""
 
 from __future__ import annotations
 

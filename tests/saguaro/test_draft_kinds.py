@@ -1,5 +1,5 @@
 """The draft-kind registry (`saguaro.draft_kinds`) is the one home of the backup vocabulary: every
-list of kinds derives from it (issue 29, item 3).
+list of kinds derives from it.
 
 The dummy-kind check runs in a fresh interpreter: the lists are built when their modules are
 first imported, so the registry is extended there before anything else imports it.

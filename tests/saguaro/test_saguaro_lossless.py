@@ -1,4 +1,4 @@
-"""Losslessness of `verify` over several SSD rounds (issue 3; docs/design.md#exactness-rules).
+"""Losslessness of `verify` over several SSD rounds (docs/design.md#exactness-rules).
 
 A toy decoder (vocabulary V = 5) whose target and draft logits depend on the position and on the
 whole prefix (through a state that is injective on the prefixes that matter) runs SSD rounds: the

@@ -153,7 +153,7 @@ class _Allocations(TorchDispatchMode):
 
 def test_penalties_allocate_nothing_vocabulary_wide() -> None:
     """Penalised rows are shaped at the columns their output and draft hold: no op makes an
-    [R, W, V] tensor for the R penalised rows (issue 31, item 10), the result unchanged."""
+    [R, W, V] tensor for the R penalised rows, the result unchanged."""
     vocab = 4096
     logits = torch.randn(3, W, vocab)
     drafts = torch.tensor([[5, 7, 5, -1], [1, 2, 3, 4], [9, 9, 9, 9]])

@@ -1,5 +1,5 @@
 """`scripts/install.sh` installs a CUDA machine with SGLang's own CUDA stack and a CPU machine
-with the CPU build and the `sgl_kernel` stand-in (issue 31 item 11): its dry run's commands."""
+with the CPU build and the `sgl_kernel` stand-in: its dry run's commands."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Device consistency of the speculator's state (issue 14, item 1), checked without a GPU.
+"""Device consistency of the speculator's state, checked without a GPU.
 
 The KV pool hands out slots on its own device, so a request's empty slot list must start there
 too (else the first feed's `torch.cat` mixes devices: on CUDA every open failed). A "meta" pool

@@ -1,4 +1,4 @@
-"""A reduced draft vocabulary (`--ssd-draft-vocab`, issue 12): the draft's LM head covers only
+"""A reduced draft vocabulary (`--ssd-draft-vocab`): the draft's LM head covers only
 the kept ids, every draft token, fork candidate and cached branch stays among them, q is zero
 outside them and sums to one on them, and the logits on kept ids are the full head's."""
 
@@ -146,7 +146,7 @@ def test_drafts_candidates_and_cached_branches_stay_in_the_vocabulary(tiny_draft
 
 
 def test_the_server_sends_q_at_the_vocabularys_columns(tiny_draft) -> None:
-    """Issue 31 item 8: q leaves the speculator at the draft vocabulary's width (the ids its
+    """q leaves the speculator at the draft vocabulary's width (the ids its
     Hello announces), sums to one there, and the target's scatter gives back the draft's own
     q row over all V ids."""
     vocab = _vocab(tiny_draft)

@@ -136,3 +136,14 @@ def test_the_server_answers_a_step_before_a_long_prefill_then_prefills_between_r
     later = engine.requests["later"]  # not in the Step: prefilled, then its first round built
     assert later.draft is not None and later.draft.source == "prefill"
     assert later.branches is not None and set(later.branches.ks) == {0}
+
+
+def test_a_sync_step_feeds_a_long_prompt_at_once(tiny_draft):
+    """A sync round's Step (`feed_all`): the target waits for this draft on every core, so the
+    whole backlog is fed now and the draft is just in time, never an n-gram stand-in."""
+    engine = _engine(tiny_draft)
+    engine.prefill_chunk_tokens = 16
+    engine.open("long", LONG, **GREEDY, prefill=False)
+    (long,) = engine.serve(["long"], backup="jit", depth=4, feed_all=True)
+    assert long.source == "jit" and long.tokens == _jit_greedy(tiny_draft, LONG)
+    assert engine.stats().prefill_backup_drafts == 0

@@ -1,4 +1,4 @@
-"""The FlashInfer branch-attention plan (issue 31, item 10), checked on the CPU.
+"""The FlashInfer branch-attention plan, checked on the CPU.
 
 FlashInfer runs only on CUDA (`tests/gpu/test_gpu_branch_attention.py` runs the real kernel).
 Here `ContractWrapper` stands where `flashinfer.BatchPrefillWithPagedKVCacheWrapper` stands: it

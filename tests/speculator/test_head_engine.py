@@ -61,7 +61,7 @@ def target(tiny_target: Path):
 
 
 def test_a_trained_head_speculates_through_the_engine(tiny_eagle3_head, tiny_target, target):
-    """Accept length > 1.2 (issue: EAGLE-3 heads as SSD's speculator), cache hits among the
+    """Accept length > 1.2, cache hits among the
     drafts, and the KV pool empty after each request."""
     folder, _ = tiny_eagle3_head
     model = HeadDraftModel.load(folder, tiny_target, dtype=torch.float32, num_slots=8192)

@@ -104,13 +104,13 @@ def test_the_draft_runtime_follows_the_flag_and_the_folder(tiny_eagle3_head, tin
 
 
 def test_every_registered_runtime_implements_the_contract() -> None:
-    """Each `draft_runtimes.RUNTIMES` entry names a class with `create` and the `DraftRuntime`
+    """Each `runtime_registry.RUNTIMES` entry names a class with `create` and the `DraftRuntime`
     members (a runtime without its own vocabulary also takes `--ssd-draft-vocab`'s), and the
     flag offers exactly the registered names plus auto."""
     import importlib
 
     from sglang_ssd.config import FLAGS
-    from sglang_ssd.draft_runtimes import RUNTIMES
+    from sglang_ssd.runtime_registry import RUNTIMES
     from sglang_ssd.speculator.runtimes import DraftRuntime
 
     members = [n for n in dir(DraftRuntime) if not n.startswith("_")]

@@ -16,7 +16,7 @@ import torch
 from torch.ao.nn.quantized.dynamic import Linear as DynamicInt8Linear
 
 from sglang_ssd.config import SSDConfig
-from sglang_ssd.draft_runtimes import LoadRequest
+from sglang_ssd.runtime_registry import LoadRequest
 from sglang_ssd.speculator import int8_model
 from sglang_ssd.speculator.draft_vocab import DraftVocab
 from sglang_ssd.speculator.engine import OutcomeIn, SpeculatorEngine

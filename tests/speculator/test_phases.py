@@ -1,4 +1,4 @@
-"""The speculator's round by phase (issue 12): every Drafts carries the seconds by phase since
+"""The speculator's round by phase: every Drafts carries the seconds by phase since
 the previous one, the phases name each forward of the round, and they add up to the round's
 time (none counted twice: phases cannot nest; none missing: what no phase claims is `*_other`)."""
 
@@ -49,7 +49,7 @@ def test_each_drafts_names_the_rounds_phases_and_they_add_up(tiny_draft) -> None
     total = sum(phases.values())
     assert total >= timing.build_s + timing.backup_s
     assert total <= timing.build_s + timing.lookup_s + timing.backup_s + phases["pack"] + 1e-4
-    # Measured once (issue 29, item 4): `/ssd/stats`' totals are the Steps' own seconds summed.
+    # Measured once: `/ssd/stats`' totals are the Steps' own seconds summed.
     stats = server.stats()
     assert stats.steps == 2 and first.timing.build_s == 0.0  # no build before Step 1
     for name in ("lookup_s", "backup_s"):
@@ -116,7 +116,7 @@ def test_phase_timer_totals_means_and_the_log_summary() -> None:
 
 
 def test_a_device_timer_synchronises_at_every_phase_boundary() -> None:
-    """On CUDA a phase must hold the GPU work it launched (issue 31, item 9): the timer calls
+    """On CUDA a phase must hold the GPU work it launched: the timer calls
     its sync before each clock read, at entry and at exit, and a CPU timer has none."""
     events: list[str] = []
     timer = PhaseTimer(sync=lambda: events.append("sync"))

@@ -1,4 +1,4 @@
-"""A draft whose LM head is wider than the target's (issue 14, item 1): the ids beyond the
+"""A draft whose LM head is wider than the target's: the ids beyond the
 target's vocabulary are cut before sampling (`draft_vocab.limit`), so no draft token, fork
 candidate or random backup lands there and q is exactly zero there."""
 

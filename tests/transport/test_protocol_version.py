@@ -1,9 +1,9 @@
-"""A changed message changes `PROTOCOL_VERSION` (issue 29, item 7).
+"""A changed message changes `PROTOCOL_VERSION`.
 
 `messages.schema_digest()` fingerprints every message's schema (fields, types, constraints,
 defaults, tags; not docstrings). Each protocol version is recorded here with its fingerprint:
-after changing a message, bump `PROTOCOL_VERSION` (saying what changed in the comment above
-it) and add the new version with the digest this test prints. Never edit a recorded entry.
+after changing a message, bump `PROTOCOL_VERSION` (the commit says what changed) and add the
+new version with the digest this test prints. Never edit a recorded entry.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ RECORDED = {
     11: "994abc951e84d844464d7bb3ae985b29f4b9fbb5b96aebc696b1fda87f5e2a64",
     12: "e98ccb1f4b177938f34078e6cf0645a26834f35393199a23cc95807f4ca80802",
     13: "28a2ed3f67110ede1a6ffce26dd06e122d106f3c7cc0ce1e168fbd64abc5bc94",
+    14: "fadc031dcae547bb3bf99639c6d33d5258eec51a4924027be5c2e36b0abbbbd7",
 }
 
 

@@ -345,7 +345,7 @@ def test_step_features_follow_on_the_tensor_link() -> None:
 
 
 def test_q_travels_at_the_columns_the_hello_announced() -> None:
-    """Issue 31 item 8: a speculator with a draft vocabulary announces its ids in `Hello`;
+    """A speculator with a draft vocabulary announces its ids in `Hello`;
     its q then crosses at that width and arrives with the ids of its columns. A reply whose
     width disagrees with the Hello is discarded, not misread."""
     cols = [0, 3, 4, 9]
@@ -379,7 +379,7 @@ def test_q_travels_at_the_columns_the_hello_announced() -> None:
 
 @pytest.mark.parametrize("before", [None, "3"])
 def test_the_nccl_group_alone_is_built_not_to_end_the_process(monkeypatch, before) -> None:
-    """Issue 31 item 7: torch reads TORCH_NCCL_ASYNC_ERROR_HANDLING in each ProcessGroupNCCL's
+    """Torch reads TORCH_NCCL_ASYNC_ERROR_HANDLING in each ProcessGroupNCCL's
     constructor; the link's group is built with CleanUpOnly (2), so its watchdog aborts the
     communicator of a failed transfer instead of rethrowing on its own thread (which ends the
     scheduler), and the variable is put back for every other group (SGLang's)."""
@@ -402,7 +402,7 @@ def test_the_nccl_group_alone_is_built_not_to_end_the_process(monkeypatch, befor
 
 
 def test_a_speculator_gone_between_drafts_and_tensors_is_a_transport_error() -> None:
-    """Issue 31 item 7, on the CPU's path: the Drafts message arrives, its tensors never do
+    """On the CPU's path: the Drafts message arrives, its tensors never do
     (the speculator died in between). The target's receive fails as `TransportError` within
     the tensor timeout, through the same `TensorLink._wait` the NCCL link uses, so the
     supervisor restarts the speculator and the round is served by backup drafts."""

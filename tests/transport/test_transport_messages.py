@@ -63,7 +63,7 @@ EXAMPLES: list[m.Message] = [
     m.Shutdown(),
     m.Error(reason="unknown request"),
 ]
-# Issue 31 item 8: q at the draft vocabulary's columns (appended: OUT_OF_RANGE indexes above).
+# q at the draft vocabulary's columns (appended: OUT_OF_RANGE indexes above).
 HELLO_COLUMNS = m.Hello(
     version=m.PROTOCOL_VERSION, role="speculator", pid=1, session="s", q_columns=[0, 7, 151935]
 )

@@ -1,4 +1,4 @@
-"""How the speculator's q rows cross to the target (issue 14, item 1): at the target's vocabulary
+"""How the speculator's q rows cross to the target: at the target's vocabulary
 width (zeros padded, or empty columns cut), on the device the target verifies on, and a reply
 that cannot be used is a `TransportError` (the supervisor's fault path), never an error that
 escapes into SGLang's scheduler. "meta" stands in for the target's GPU."""
@@ -107,7 +107,7 @@ def test_rows_the_speculator_could_not_draft_get_the_targets_own_drafts() -> Non
 
 
 def test_q_sent_at_the_draft_vocabularys_columns_scatters_to_the_full_q() -> None:
-    """Issue 31 item 8: the speculator sends q only at its draft vocabulary's ids (zero
+    """The speculator sends q only at its draft vocabulary's ids (zero
     elsewhere); the target scatters it back, the same q as the full-width one."""
     columns = torch.tensor([0, 2, 3, 6])
     full = torch.zeros(2, 2, 8)

@@ -1,4 +1,4 @@
-"""Link faults without an SGLang server (issue 7, item 3): the real `SpeculatorClient`, the real
+"""Link faults without an SGLang server: the real `SpeculatorClient`, the real
 speculator entry point (`python -m sglang_ssd.speculator`'s `main`) on a tiny draft model, and the
 real link, with the speculator "process" run as a thread of the test.
 
@@ -28,10 +28,10 @@ import psutil
 import pytest
 import torch
 
-import sglang_ssd.placement as placement_module
+import sglang_ssd.launch.placement as placement_module
 import sglang_ssd.worker.supervisor as supervisor_module
 from sglang_ssd.config import DEFAULT_DRAFT_KV_TOKENS, SSDConfig, SSDConfigError
-from sglang_ssd.placement import Placement
+from sglang_ssd.launch.placement import Placement
 from sglang_ssd.speculator import __main__ as speculator_main
 from sglang_ssd.speculator.server import SpeculatorServer
 from sglang_ssd.transport import (

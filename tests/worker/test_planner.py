@@ -17,13 +17,16 @@ from sglang_ssd.saguaro.acceptance import AcceptanceCounts
 from sglang_ssd.transport import SpeculatorTiming, TransportError
 from sglang_ssd.worker.draft_batch import DraftBatch
 from sglang_ssd.worker.draft_provider import LocalNgramProvider
+from sglang_ssd.worker.metrics import count_request_rounds
 from sglang_ssd.worker.planner import (
     PREFILL_LEND_TOKENS,
+    WARM_ROUNDS,
     RoundPlanner,
     StepChoice,
     default_policy,
 )
 from sglang_ssd.worker.round_mode import Arrangement, RoundMode
+from sglang_ssd.worker.round_tokens import HIT_PRIOR, HIT_WEIGHT, MISS_PRIOR
 from sglang_ssd.worker.speculator_client import SpeculatorClient
 
 ASYNC, SYNC, PLAIN = Arrangement.ASYNC, Arrangement.SYNC, Arrangement.PLAIN
@@ -191,45 +194,62 @@ class OutcomeSpy:
         self.local = LocalNgramProvider(GAMMA)
         self.outcomes: list[tuple[list[str], list[int], list[int]]] = []
         self.choices: list[StepChoice] = []
+        self.source = "jit"
 
     def drafts(self, reqs: Any, planner: RoundPlanner) -> DraftBatch:
         self.choices.append(planner.step(len(reqs)))
-        return self.local.drafts(reqs)
+        batch = self.local.drafts(reqs)
+        batch.sources = [self.source] * len(reqs)  # as if the speculator drafted them
+        return batch
 
     def record_outcomes(self, rids: Any, accept_lens: list[int], bonus: list[int]) -> None:
         self.outcomes.append((list(rids), accept_lens, bonus))
 
 
+def close(planner: RoundPlanner, client: Any, reqs: Any, plan: Any, *measured: Any) -> None:
+    """Close a round as `SSDWorker` does: the planner, then the requests' round counts."""
+    planner.close_round(client, reqs, plan, *measured)
+    count_request_rounds(reqs, plan.drafts.sources)
+
+
 def test_a_round_closes_by_its_arrangement() -> None:
     """A speculative round's outcomes go to the client; a plain round's tokens do not (they
     reach the speculator as `Outcome.extra`); each round's time and tokens per request go to
-    the arrangement policy, which skips each arrangement's first round and every switch."""
+    the arrangement policy, which skips each arrangement's first round, every switch and a
+    request's first `WARM_ROUNDS` rounds."""
     config = SSDConfig(lookahead=GAMMA, mode="async")
     planner, client, reqs = RoundPlanner(config), OutcomeSpy(), [req("a")]
     rate = planner.arrangements.rate
+    client.source = "cache"
     spec = planner.plan_round(reqs, client)
     assert spec.mode == RoundMode.SPECULATE and spec.width(GAMMA) == GAMMA + 1
-    assert not spec.lends_cores and spec.drafts.sources == ["local-ngram"]
+    assert not spec.lends_cores and spec.drafts.sources == ["cache"]
     assert client.choices[-1].prespeculate
-    planner.close_round(client, reqs, spec, ([1], [7]), 0.2, 1.8)  # the first: one-time costs
+    close(planner, client, reqs, spec, ([1], [7]), 0.2, 1.8)  # the first: one-time costs
     assert client.outcomes == [(["a"], [1], [7])] and rate(ASYNC, 1) is None
-    planner.close_round(client, reqs, spec, ([2], [7]), 0.2, 0.5)
+    for _ in range(WARM_ROUNDS - 1):  # the rest of the request's first rounds: not rated
+        close(planner, client, reqs, spec, ([2], [7]), 0.2, 0.9)
+    assert rate(ASYNC, 1) is None
+    close(planner, client, reqs, spec, ([2], [7]), 0.2, 0.5)
     assert client.outcomes[-1] == (["a"], [2], [7])
-    assert rate(ASYNC, 1) == pytest.approx(3.0 / 0.5)
+    # A hit's chain of 3 tokens, the hit rate a step from its prior towards 1.
+    hit = HIT_PRIOR + HIT_WEIGHT * (1 - HIT_PRIOR)
+    assert rate(ASYNC, 1) == pytest.approx((hit * 3.0 + (1 - hit) * MISS_PRIOR) / 0.5)
+    async_rate = rate(ASYNC, 1)
 
     planner.apply({"mode": "plain"}, config.replace(mode="plain"))
     plain = planner.plan_round(reqs, client)
     assert plain.mode == RoundMode.PLAIN and plain.width(GAMMA) == 1 and plain.lends_cores
-    planner.close_round(client, reqs, plain, ([0], [5]), 0.1, 0.9)  # the first plain round
-    planner.close_round(client, reqs, plain, ([0], [5]), 0.1, 0.25)
-    assert len(client.outcomes) == 2 and rate(PLAIN, 1) == pytest.approx(1 / 0.25)
+    close(planner, client, reqs, plain, ([0], [5]), 0.1, 0.9)  # the first plain round
+    close(planner, client, reqs, plain, ([0], [5]), 0.1, 0.25)
+    assert len(client.outcomes) == 3 and rate(PLAIN, 1) == pytest.approx(1 / 0.25)
 
     planner.apply({"mode": "async"}, config)
     cold = planner.plan_round(reqs, client)
-    planner.close_round(client, reqs, cold, ([0], [9]), 0.2, 9.0)  # the switch: slow, cold
+    close(planner, client, reqs, cold, ([0], [9]), 0.2, 9.0)  # the switch: slow, cold
     assert client.outcomes[-1] == (["a"], [0], [9])
-    assert rate(ASYNC, 1) == pytest.approx(3.0 / 0.5)  # not a rate: the switch's cost
-    assert planner.arrangements.switch_cost(ASYNC, 1) == pytest.approx(9.0 - 1 / 6.0)
+    assert rate(ASYNC, 1) == pytest.approx(async_rate)  # not a rate: the switch's cost
+    assert planner.arrangements.switch_cost(ASYNC, 1) == pytest.approx(9.0 - 1 / async_rate)
 
 
 def test_a_sync_round_drafts_just_in_time_on_every_core() -> None:
@@ -237,7 +257,8 @@ def test_a_sync_round_drafts_just_in_time_on_every_core() -> None:
     the speculator's cores too; its times and tokens go to the arrangement policy, never its
     hit rate or verify time to the miss policy (no pre-speculation ran before it)."""
     config = SSDConfig(lookahead=GAMMA, mode="sync")
-    planner, client, reqs = RoundPlanner(config), OutcomeSpy(), [req("a")]
+    planner, client, reqs = RoundPlanner(config), OutcomeSpy(), [req("a", output=0)]
+    count_request_rounds(reqs * WARM_ROUNDS, ["jit"] * WARM_ROUNDS)  # past its first rounds
     before = (planner.policy.p_hit, planner.policy.t_verify)
     sync = planner.plan_round(reqs, client)
     assert sync.mode == RoundMode.SPECULATE and sync.sync and sync.lends_cores
@@ -274,16 +295,19 @@ def test_the_log_line_names_the_arrangement_held_and_its_rates() -> None:
         OutcomeSpy(),
         [req("a")],
     )
+    count_request_rounds(reqs * WARM_ROUNDS, ["jit"] * WARM_ROUNDS)  # past its first rounds
     assert planner.describe() == ""
-    figures = {SYNC: ([3], 0.5), ASYNC: ([2], 0.5), PLAIN: ([0], 0.25)}
+    figures = {SYNC: ([3], 0.5), ASYNC: ([3], 0.5), PLAIN: ([0], 0.25)}
     for _ in range(10):  # calibration: 3 rounds of each (the first of each not rated), then sync
         plan = planner.plan_round(reqs, client)
         accepted, seconds = figures[plan.arrangement]
         planner.close_round(client, reqs, plan, (accepted, [7]), 0.1, seconds)
     assert planner.held(1) == SYNC
+    async_tokens = planner.arrangements.tokens(ASYNC, 1)
+    assert 1 < async_tokens < 4  # its misses from a prior of 1.2 tokens towards 4
     assert planner.describe() == (
-        "b<=1: sync (sync 8.00 tok/s = 4.00 / 0.500 s, async 6.00 tok/s = 3.00 / 0.500 s, "
-        "plain 4.00 tok/s = 1.00 / 0.250 s)"
+        f"b<=1: sync (sync 8.00 tok/s = 4.00 / 0.500 s, async {async_tokens / 0.5:.2f} tok/s = "
+        f"{async_tokens:.2f} / 0.500 s, plain 4.00 tok/s = 1.00 / 0.250 s)"
     )
 
 
@@ -291,7 +315,29 @@ def test_a_round_capped_by_a_requests_limit_does_not_rate_its_arrangement() -> N
     """A request with γ or fewer tokens left cannot take a full chain (the startup warm-up's
     short requests): its round's tokens say nothing of the arrangement."""
     planner, client = RoundPlanner(SSDConfig(lookahead=GAMMA, mode="sync")), OutcomeSpy()
-    for reqs, seconds in (([req("a")], 0.5), ([req("a")], 0.5), ([req("b", GAMMA)], 0.1)):
+    a, b = req("a"), req("b", GAMMA)
+    count_request_rounds([a, b] * WARM_ROUNDS, ["jit"] * 2 * WARM_ROUNDS)
+    for reqs, seconds in (([a], 0.5), ([a], 0.5), ([b], 0.1)):
         plan = planner.plan_round(reqs, client)
         planner.close_round(client, reqs, plan, ([0], [7]), 0.1, seconds)
     assert planner.arrangements.rate(SYNC, 1) == pytest.approx(1 / 0.5)  # the capped one left out
+
+
+def test_first_rounds_are_prespeculated_unless_sync_comes_next() -> None:
+    """A prefill's requests get their first round pre-speculated unless the round after it
+    is sync (sync alone offered, or held at that batch size): its draft is just in time."""
+    assert not RoundPlanner(SSDConfig(lookahead=GAMMA, mode="sync")).prespeculates(1)
+    assert RoundPlanner(SSDConfig(lookahead=GAMMA, mode="async")).prespeculates(1)
+    auto, client, reqs = (
+        RoundPlanner(SSDConfig(lookahead=GAMMA, mode="auto")),
+        OutcomeSpy(),
+        [req("a")],
+    )
+    assert auto.prespeculates(1)  # calibrating: nothing held yet
+    count_request_rounds(reqs * WARM_ROUNDS, ["jit"] * WARM_ROUNDS)
+    figures = {SYNC: ([3], 0.5), ASYNC: ([3], 0.5), PLAIN: ([0], 0.25)}
+    for _ in range(10):  # calibration, then sync held at batch 1
+        plan = auto.plan_round(reqs, client)
+        accepted, seconds = figures[plan.arrangement]
+        auto.close_round(client, reqs, plan, (accepted, [7]), 0.1, seconds)
+    assert auto.held(1) == SYNC and not auto.prespeculates(1) and auto.prespeculates(8)

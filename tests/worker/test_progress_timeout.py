@@ -1,4 +1,4 @@
-"""The speculator timeout is progress-based (issue 30 item 7): the target waits for drafts while
+"""The speculator timeout is progress-based: the target waits for drafts while
 the speculator process keeps using CPU, and gives up after `--ssd-speculator-timeout` seconds
 without progress (a SIGSTOPped process) or after `HARD_TIMEOUT_FACTOR` timeouts in all. Real child
 processes stand in for the speculator; the link is a stub that answers at a set time."""

@@ -1,4 +1,4 @@
-"""Round observers (issue 29, item 2): the EAGLE-3 feature shipper asks every forward for its
+"""Round observers: the EAGLE-3 feature shipper asks every forward for its
 features and ships the committed positions' to its sink; without a sink (a follower TP rank) it
 still asks, so every rank's forward is the same, and ships nothing."""
 

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from sglang_ssd.config import SSDConfig
-from sglang_ssd.placement import Placement
+from sglang_ssd.launch.placement import Placement
 from sglang_ssd.speculator.warmup import BUSY_CHILD_ENV
 from sglang_ssd.testing.tiny_models import make_tiny_model
 from sglang_ssd.worker import supervisor

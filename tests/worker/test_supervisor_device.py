@@ -1,5 +1,5 @@
-"""Every link to the speculator, first or restarted, is made on the target's device (issue 31,
-item 6): torch's NCCL group otherwise takes the calling thread's current device, cuda:0 on the
+"""Every link to the speculator, first or restarted, is made on the target's device:
+torch's NCCL group otherwise takes the calling thread's current device, cuda:0 on the
 restart thread, another DP replica's GPU when this target is elsewhere."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from sglang_ssd.config import SSDConfig
-from sglang_ssd.placement import Placement
+from sglang_ssd.launch.placement import Placement
 from sglang_ssd.worker import supervisor
 from sglang_ssd.worker.supervisor import Supervisor, link_backend
 

@@ -1,4 +1,4 @@
-"""SSD's verify input as SGLang's attention backends read it (issue 31, item 1): the chain mask
+"""SSD's verify input as SGLang's attention backends read it: the chain mask
 in NGRAM's FULL layout, and FlashInfer's TARGET_VERIFY arguments built by SGLang's own
 `NgramVerifyInput.generate_attn_arg_prefill` on CPU tensors (its Triton gather on Triton's CPU
 interpreter), equal to what an NGRAM verify input of the same chain gives."""
@@ -173,7 +173,7 @@ def test_fa3_verify_metadata_spans_ssds_rows_as_ngrams(sglang_world: None) -> No
     (`FlashAttentionBackend.init_forward_metadata`, layers/attention/flashattention_backend.py
     in SGLang 0.5.23), run here on CPU tensors: for SSD's input it equals NGRAM's and spans
     exactly the verify batch's rows; a width-1 (plain) round would be read at γ + 1 rows per
-    request, which is why plain rounds are refused off the CPU (issue 31, item 2)."""
+    request, which is why plain rounds are refused off the CPU."""
     from sglang.srt.layers.attention.flashattention_backend import FlashAttentionBackend
 
     width = 4

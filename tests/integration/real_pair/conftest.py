@@ -29,8 +29,9 @@ def servers(
 
     - "ar": the target alone (`--speculative-algorithm NONE`), greedy reference for every test.
       Without the overlap scheduler: under it SGLang 0.5.23's penalizers count the prompt's last
-      token and lag the output by one (README, Exactness), so only the non-overlap server is
-      plain decoding for `test_options`; greedy output without penalties is the same in both.
+      token and lag the output by one (docs/design.md#request-options-in-detail), so only the
+      non-overlap server is plain decoding for `test_options`; greedy output without penalties
+      is the same in both.
     - "ssd": SSD with the launcher's defaults, the speculator in its own process on its own
       cores, except a `--ssd-speculator-timeout` of 300 s: on an AVX2-only 2-core CPU the
       speculator's prefill of a batch of 10-16 new requests (one core, ~2k tokens) outlasted

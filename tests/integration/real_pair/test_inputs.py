@@ -1,5 +1,5 @@
 """Inputs from public bug reports on other engines' speculative decoding, on the real pair
-(issue #11, item 2; marked `integration`). Each case goes to the package's shared AR and SSD
+(marked `integration`). Each case goes to the package's shared AR and SSD
 servers as one batched `/generate` or one short burst, greedy:
 
 - stop strings that fire inside an accepted block (`'f'` in a letter list in CI's smoke; in

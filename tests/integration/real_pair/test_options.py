@@ -1,11 +1,11 @@
-"""Options that shape p, on the real pair: greedy SSD equals plain decoding for each (issue 13).
+"""Options that shape p, on the real pair: greedy SSD equals plain decoding for each.
 
 One batched `/generate` of requests (HumanEval prompts, 10 new tokens each, 32 for JSON), each
 with another option: a JSON schema (CI's smoke); frequency, presence and repetition penalties, a
 logit bias and min_new_tokens with a newline stop (`make test-real`). The same batch goes to
 the package's AR
 server (which runs with `--disable-overlap-schedule`: SGLang's overlap scheduler lags the
-penalizers by one token, see README, Exactness) and to its SSD server.
+penalizers by one token, see docs/design.md#request-options-in-detail) and to its SSD server.
 
 docs/design.md#the-greedy-rule greedy rule, with the shaped p: a divergence is allowed only where
 AR's own

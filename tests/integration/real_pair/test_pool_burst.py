@@ -1,4 +1,4 @@
-"""A burst of simultaneous requests on the real pair with default flags (issue #11, item 7):
+"""A burst of simultaneous requests on the real pair with default flags:
 the first `PROMPT_TOKENS` tokens of `BURSTS` HumanEval prompts (CI's smoke: 3; `make
 test-real`: 5).
 
@@ -32,7 +32,7 @@ from .pair import humaneval_ids
 # so the restart and fault counters it checks cover the whole package.
 pytestmark = pytest.mark.integration
 
-# Sized for a 2-core AVX2-only CPU: the issue's 32 full prompts took ~8 min there, 16 × 64
+# Sized for a 2-core AVX2-only CPU: 32 full prompts took ~8 min there, 16 × 64
 # tokens ~11 min and 8 × 12 tokens still ~10 min on a slower one (AR, SSD and the probes), since
 # an SSD verify of 5 tokens per request takes 2-4 s there.
 BURSTS = [pytest.param(3, id="burst-3"), pytest.param(5, id="burst-5", marks=pytest.mark.real)]
