@@ -71,15 +71,12 @@ def shared_servers(target: Path, draft: Path, logs: Path) -> dict[str, Server]:
 
 
 def live_settings(server: Server) -> dict[str, Any]:
-    """The live settings in force (`GET /ssd/config`), as a `POST /ssd/config` body that sets
-    them again (a self-tuned tree depth, shown as null, is sent as 0)."""
+    """The live settings (`GET /ssd/config`'s `settings`), as a `POST /ssd/config` body that sets
+    them again (a self-tuned tree depth reads "auto", which POST takes back)."""
     response = requests.get(f"{server.url}/ssd/config", timeout=60)
     response.raise_for_status()
-    config = response.json()
-    settings = {name: config[name] for name in LIVE_FIELDS}
-    if settings["tree_depth"] is None:
-        settings["tree_depth"] = 0
-    return settings
+    config = response.json()["settings"]
+    return {name: config[name] for name in LIVE_FIELDS}
 
 
 @contextlib.contextmanager

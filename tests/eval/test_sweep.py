@@ -120,7 +120,8 @@ def test_live_beta_points_share_one_server(
     with sweep.ServerPool(tmp_path / "logs") as pool:
         results = sweep.run_plans([plan], resume=False, pool=pool, **kw)[plan.name]
         ((_, server),) = pool.running.values()
-        assert requests.get(f"{server.url}/ssd/config", timeout=30).json()["beta"] == 0.5
+        config = requests.get(f"{server.url}/ssd/config", timeout=30).json()
+        assert config["settings"]["beta"] == 0.5
         again = sweep.run_plans([plan], resume=True, pool=pool, **kw)[plan.name]
         assert again["batches"] == results["batches"] and len(pool.running) == 1
     assert server.proc is None and "stopped_at" in server.info  # stopped with the pool

@@ -176,7 +176,7 @@ def test_live_settings_are_the_live_fields_of_ssd_config() -> None:
         assert kind == hints[name] | None, name
     settings = wire.LiveSettings.of(SSDConfig(beta=0.25))
     assert settings.given() == {
-        "mode": "async",
+        "mode": "auto",
         "fanout_budget": 8,
         "fanout": "predicted",
         "beta": 0.25,
